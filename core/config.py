@@ -1,0 +1,79 @@
+"""Turn config dicts into rules and priority classes, with errors that name the bad field.
+
+The engine's config maps each level, in evaluation order, to its rule specs:
+    {"user": [{"type": "token_bucket", "capacity": 3, "per_second": 1}], "team": [...]}
+Priority classes map a name to a watermark and the levels it applies at:
+    {"batch": {"watermark": 0.2, "levels": ["global"]}}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .errors import ConfigError
+from .rules import Rule, build_rule
+
+DEFAULT_PRIORITY_LEVELS = ("global",)
+
+
+@dataclass(frozen=True)
+class PriorityClass:
+    """A request class that must leave `watermark` x capacity untouched at its levels."""
+
+    name: str
+    watermark: float
+    levels: frozenset[str]
+
+    def floor(self, level: str, rule: Rule) -> float:
+        """The reserve this class must leave in `rule` at `level`."""
+        if not self.watermark or level not in self.levels or rule.capacity == float("inf"):
+            return 0.0
+        return self.watermark * rule.capacity
+
+
+def parse_levels(config: Any) -> dict[str, list[Rule]]:
+    """Build the rules of every level, keeping the config's level order."""
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"the config must map level names to rule lists, not {type(config).__name__}")
+    levels: dict[str, list[Rule]] = {}
+    for level, specs in config.items():
+        if not isinstance(level, str) or not level.strip():
+            raise ConfigError("a level name must be a non-empty string", repr(level))
+        if not isinstance(specs, (list, tuple)):
+            raise ConfigError(f"must be a list of rules, not {type(specs).__name__}", level)
+        levels[level] = [build_rule(spec, f"{level}[{i}]") for i, spec in enumerate(specs)]
+    return levels
+
+
+def parse_priorities(config: Any, level_names: tuple[str, ...]) -> dict[str, PriorityClass]:
+    """Build the priority classes; an unknown level or a watermark outside [0, 1) is refused."""
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping):
+        raise ConfigError("must map priority names to {watermark, levels}", "priorities")
+    return {name: _priority(name, spec, level_names) for name, spec in config.items()}
+
+
+def _priority(name: Any, spec: Any, level_names: tuple[str, ...]) -> PriorityClass:
+    path = f"priorities.{name}"
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError("a priority name must be a non-empty string", path)
+    if not isinstance(spec, Mapping):
+        raise ConfigError("must be a mapping with a watermark", path)
+    unknown = sorted(set(spec) - {"watermark", "levels"})
+    if unknown:
+        raise ConfigError(f"unknown field {unknown[0]!r} (known: levels, watermark)", path)
+    watermark = spec.get("watermark", 0.0)
+    if isinstance(watermark, bool) or not isinstance(watermark, (int, float)) or not 0 <= watermark < 1:
+        raise ConfigError("must be a number from 0 up to (not including) 1", f"{path}.watermark")
+    # By default a class protects the broadest level: `global`, or else the last one.
+    default = DEFAULT_PRIORITY_LEVELS if "global" in level_names else level_names[-1:]
+    levels = spec.get("levels", default)
+    if not isinstance(levels, (list, tuple)):
+        raise ConfigError("must be a list of level names", f"{path}.levels")
+    for i, level in enumerate(levels):
+        if level not in level_names:
+            known = ", ".join(level_names)
+            raise ConfigError(f"unknown level {level!r} (known: {known})", f"{path}.levels[{i}]")
+    return PriorityClass(name, float(watermark), frozenset(levels))

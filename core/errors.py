@@ -1,0 +1,26 @@
+"""The engine's error types: one per kind of failure, all under LimiterError."""
+
+
+class LimiterError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+
+class ConfigError(LimiterError, ValueError):
+    """A config that cannot build a limiter. `path` names where it went wrong."""
+
+    def __init__(self, message: str, path: str = "") -> None:
+        self.path = path
+        self.reason = message
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+class InvalidRequest(LimiterError, ValueError):
+    """A decision request the limiter cannot answer: a bad cost, an unknown priority."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}" if field else message)
+
+
+class StoreUnavailable(LimiterError):
+    """The store could not be reached; the limiter applies each level's fail mode."""

@@ -1,0 +1,110 @@
+"""Parameter declarations: a rule type states its parameters once, and validation,
+forms and schemas are all derived from that one statement."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+
+REQUIRED: Any = object()
+
+# The kinds a parameter can have, and the JSON-schema type each one maps to.
+KINDS = {"number": "number", "integer": "integer", "string": "string", "strings": "array"}
+
+# Bigger than any real limit, small enough that float arithmetic stays exact on counts.
+LARGEST_NUMBER = 1e15
+
+
+@dataclass(frozen=True)
+class Param:
+    """One declared parameter of a rule type: its name, kind, bounds and help text."""
+
+    name: str
+    kind: str = "number"
+    help: str = ""
+    minimum: float | None = None
+    exclusive_minimum: bool = False
+    maximum: float = LARGEST_NUMBER
+    default: Any = REQUIRED
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"Param {self.name!r}: kind must be one of {sorted(KINDS)}")
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    def clean(self, value: Any, path: str) -> Any:
+        """Return the value in its canonical type, or raise ConfigError naming the field."""
+        where = f"{path}.{self.name}" if path else self.name
+        if self.kind in ("number", "integer"):
+            return self._clean_number(value, where)
+        if self.kind == "string":
+            if not isinstance(value, str) or not value:
+                raise ConfigError("must be a non-empty string", where)
+            return value
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ConfigError("must be a list of strings", where)
+        return tuple(value)
+
+    def _clean_number(self, value: Any, where: str) -> float | int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"must be a number, not {type(value).__name__}", where)
+        if not math.isfinite(value):
+            raise ConfigError("must be a finite number", where)
+        if self.kind == "integer":
+            if value != int(value):
+                raise ConfigError("must be a whole number", where)
+            value = int(value)
+        self._check_bounds(value, where)
+        return value
+
+    def _check_bounds(self, value: float, where: str) -> None:
+        low = self.minimum
+        if low is not None and (value < low or (self.exclusive_minimum and value == low)):
+            word = "greater than" if self.exclusive_minimum else "at least"
+            raise ConfigError(f"must be {word} {_number(low)}, got {_number(value)}", where)
+        if value > self.maximum:
+            raise ConfigError(f"must be at most {_number(self.maximum)}, got {_number(value)}", where)
+
+    def schema(self) -> dict:
+        """A JSON-schema fragment for this parameter (used by forms and the OpenAPI schema)."""
+        out: dict[str, Any] = {"type": KINDS[self.kind], "description": self.help}
+        if self.kind in ("number", "integer"):
+            if self.minimum is not None:
+                key = "exclusiveMinimum" if self.exclusive_minimum else "minimum"
+                out[key] = self.minimum
+            out["maximum"] = self.maximum
+        if self.kind == "strings":
+            out["items"] = {"type": "string"}
+        if not self.required:
+            out["default"] = self.default
+        return out
+
+
+def _number(value: float) -> str:
+    """Numbers in messages and rule names: 10 rather than 10.0, 0.5 as it is."""
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e16 else repr(value)
+
+
+def clean_params(params: tuple[Param, ...], given: dict, path: str) -> dict:
+    """Validate `given` against the declared params: unknown, missing and bad fields are named."""
+    declared = {p.name for p in params}
+    unknown = sorted(set(given) - declared)
+    if unknown:
+        known = ", ".join(sorted(declared)) or "none"
+        raise ConfigError(f"unknown parameter {unknown[0]!r} (known: {known})", path)
+    values = {}
+    for param in params:
+        if param.name in given:
+            values[param.name] = param.clean(given[param.name], path)
+        elif param.required:
+            where = f"{path}.{param.name}" if path else param.name
+            raise ConfigError("is required", where)
+        else:
+            values[param.name] = param.default
+    return values

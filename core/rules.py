@@ -1,0 +1,143 @@
+"""The Rule base class and the registry of rule types.
+
+A rule is an algorithm with its parameters. It holds no per-key state: the store keeps
+state, and hands it to the rule. That is what lets one rule run in-process or on Redis.
+
+State protocol, for stateful rules (`state` is None for a key never seen or gone idle):
+- `wait(state, now, cost, floor)`: seconds until `cost` fits while keeping `floor` in
+  reserve; 0.0 when it fits now, math.inf when it never will.
+- `take(state, now, cost, lease)`: returns `(new_state, idle_at)`, where `idle_at` is the
+  time from which the state is as good as None, so a store may forget it then.
+The store calls `take` only after every rule of the decision answered 0 to `wait`, under
+the same lock, so `take` may reuse work and even mutate the state it was given.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, ClassVar
+
+from .errors import ConfigError
+from .params import Param, _number, clean_params
+
+RULES: dict[str, type["Rule"]] = {}
+
+# Slack for float arithmetic: a refill that lands 1e-12 short of the cost still fits.
+EPSILON = 1e-9
+
+# How long a store keeps state that never goes idle by itself (a bucket that never
+# refills): long enough to matter, short enough that no key lives forever.
+MAX_IDLE_SECONDS = 86400.0
+
+
+def register(name: str) -> Callable[[type["Rule"]], type["Rule"]]:
+    """Class decorator: make a Rule subclass available to configs as `type: name`."""
+
+    def add(cls: type[Rule]) -> type[Rule]:
+        if not issubclass(cls, Rule):
+            raise TypeError(f"@register({name!r}) expects a Rule subclass, got {cls!r}")
+        cls.type_name = name
+        RULES[name] = cls
+        return cls
+
+    return add
+
+
+def rule_class(name: Any, path: str = "") -> type["Rule"]:
+    """The registered class for `name`, or a ConfigError that lists the known names."""
+    cls = RULES.get(name) if isinstance(name, str) else None
+    if cls is None:
+        known = ", ".join(sorted(RULES))
+        raise ConfigError(f"unknown rule type {name!r} (known: {known})", f"{path}.type".lstrip("."))
+    return cls
+
+
+class Rule:
+    """Base class of every rule type. Subclasses declare `params` and the state protocol."""
+
+    type_name: ClassVar[str] = "rule"
+    params: ClassVar[tuple[Param, ...]] = ()
+    # Stateless rules decide from the key alone (`wait_for_key`); the store never sees them.
+    stateful: ClassVar[bool] = True
+    # Leased rules hold something per request (a concurrency slot) until `release`.
+    leased: ClassVar[bool] = False
+
+    def __init__(self, label: str | None = None, shadow: bool = False, **params: Any) -> None:
+        values = clean_params(self.params, params, "")
+        self.values = values
+        for name, value in values.items():
+            setattr(self, name, value)
+        self.label = label
+        self.shadow = bool(shadow)
+        self.rule_id = self._rule_id()
+        self.setup()
+
+    def setup(self) -> None:
+        """Derive whatever the algorithm needs from its parameters (optional)."""
+
+    # What a priority watermark is a share of: tokens, requests or slots.
+    capacity: float = math.inf
+
+    def max_cost(self, floor: float) -> float:
+        """The largest cost that can ever fit while `floor` stays in reserve."""
+        return self.capacity - floor
+
+    def wait(self, state: Any, now: float, cost: float, floor: float) -> float:
+        raise NotImplementedError(f"{type(self).__name__} must implement wait()")
+
+    def take(self, state: Any, now: float, cost: float, lease: str | None) -> tuple[Any, float]:
+        raise NotImplementedError(f"{type(self).__name__} must implement take()")
+
+    def wait_for_key(self, key: str, now: float, cost: float) -> float:
+        """For stateless rules: the wait, from the key alone."""
+        raise NotImplementedError(f"{type(self).__name__} must implement wait_for_key()")
+
+    def remaining(self, state: Any, now: float) -> float:
+        """How much cost would fit now (no floor). Defaults to the capacity."""
+        return self.capacity
+
+    def release(self, state: Any, now: float, lease: str) -> tuple[Any, float] | None:
+        """Give back what `lease` holds; None when there was nothing to give back."""
+        return None
+
+    def inspect(self, state: Any, now: float) -> dict:
+        """The live state of one key, for operators."""
+        return {"remaining": self.remaining(state, now)}
+
+    def describe(self) -> str:
+        """The name used in `blocked_by`, like `token_bucket(100, 10/s)`."""
+        args = ", ".join(_show(v) for v in self.values.values())
+        return f"{self.type_name}({args})"
+
+    def _rule_id(self) -> str:
+        # Identifies the rule's state in a store: same type and parameters, same state,
+        # so two tiers that share a global rule share its bucket.
+        return ":".join([self.type_name, *(_show(v) for v in self.values.values())])
+
+    def __repr__(self) -> str:
+        return f"<{self.describe()}>"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return "[" + ",".join(value) + "]"
+    return _number(value) if isinstance(value, (int, float)) else str(value)
+
+
+def build_rule(spec: Any, path: str) -> Rule:
+    """Turn one rule spec (`{"type": ..., params..., "label": ..., "shadow": ...}`) into a Rule."""
+    if not isinstance(spec, dict):
+        raise ConfigError(f"a rule must be a mapping, not {type(spec).__name__}", path)
+    cls = rule_class(spec.get("type"), path)
+    params = {k: v for k, v in spec.items() if k not in ("type", "label", "shadow")}
+    label = spec.get("label")
+    if label is not None and (not isinstance(label, str) or not label.strip()):
+        raise ConfigError("must be a non-empty string", f"{path}.label")
+    shadow = spec.get("shadow", False)
+    if not isinstance(shadow, bool):
+        raise ConfigError("must be true or false", f"{path}.shadow")
+    try:
+        return cls(label=label, shadow=shadow, **params)
+    except ConfigError as error:
+        field = f"{path}.{error.path}" if error.path else path
+        raise ConfigError(f"{error.reason} ({cls.type_name})", field) from None

@@ -1,0 +1,65 @@
+"""The store interface: where rule state lives, and the one atomic step per decision.
+
+A decision is one call, `decide`: check every rule of every level, then take from all or
+from none, atomically. On Redis that call is one Lua script; in memory it runs under the
+locks of the keys involved. Everything the limiter does per key set is prepared once
+(`prepare`), so the per-decision call carries no work that could have been done earlier.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+from ..rules import Rule
+
+
+class Check(NamedTuple):
+    """One rule to evaluate for one key: the unit a plan is made of."""
+
+    level: str
+    key: str
+    rule: Rule
+    floor: float  # what a priority watermark keeps in reserve, in the rule's units
+
+
+class Outcome(NamedTuple):
+    """What `decide` found. `blocker` is the index of the check that denied, or -1."""
+
+    blocker: int
+    wait: float
+    remaining: float
+    shadow_blocked: tuple[int, ...]
+
+
+class Store:
+    """Base class of the stores. Subclasses implement the required methods below."""
+
+    # The clock used when the limiter is not given one.
+    clock: Any = None
+
+    def prepare(self, checks: Sequence[Check]) -> Any:
+        """Resolve `checks` into whatever makes `decide` cheap (keys, locks, script args)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement prepare()")
+
+    def decide(self, plan: Any, cost: float, now: float, lease: str | None) -> Outcome:
+        """Check every rule, then take `cost` from all of them or from none."""
+        raise NotImplementedError(f"{type(self).__name__} must implement decide()")
+
+    def explain(self, plan: Any, cost: float, now: float) -> list[tuple[float, float]]:
+        """(wait, remaining) of every check, consuming nothing."""
+        raise NotImplementedError(f"{type(self).__name__} must implement explain()")
+
+    def inspect(self, plan: Any, now: float) -> list[dict]:
+        """The live state of every check, as each rule describes it."""
+        raise NotImplementedError(f"{type(self).__name__} must implement inspect()")
+
+    def release(self, plan: Any, now: float, lease: str) -> int:
+        """Give back what `lease` holds in the plan's leased rules; returns how many gave."""
+        raise NotImplementedError(f"{type(self).__name__} must implement release()")
+
+    def reset(self, plan: Any) -> None:
+        """Forget the state of every check: the keys start full again."""
+        raise NotImplementedError(f"{type(self).__name__} must implement reset()")
+
+    def close(self) -> None:
+        """Release connections; the default has nothing to release."""

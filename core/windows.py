@@ -1,0 +1,186 @@
+"""Window-shaped rules: fixed window, the exact sliding-window log and the weighted
+sliding-window counter. Each admits at most `limit` cost per `window` seconds."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from .params import Param, _number
+from .rules import EPSILON, Rule, register
+
+WINDOW_PARAMS = (
+    Param("limit", help="Most cost admitted per window.", minimum=0, exclusive_minimum=True),
+    Param("window", help="Length of the window in seconds.", minimum=0, exclusive_minimum=True,
+          maximum=366 * 86400),
+)
+
+
+class WindowRule(Rule):
+    """Shared set-up of the window rules."""
+
+    params = WINDOW_PARAMS
+
+    def setup(self) -> None:
+        self.capacity = float(self.limit)
+        self.window = float(self.window)
+
+    def describe(self) -> str:
+        return f"{self.type_name}({_number(self.limit)}/{_number(self.window)}s)"
+
+    def _over(self, used: float, cost: float, floor: float) -> float:
+        """How much cost is over the room left; <= 0 when it fits."""
+        return used + cost + floor - self.capacity
+
+
+@register("fixed_window")
+class FixedWindow(WindowRule):
+    """Counts cost per aligned window. Cheapest of all, with the known 2x burst where two
+    windows meet: `limit` at the end of one window and `limit` again at the start of the next.
+
+    State: (window index, used).
+    """
+
+    def _used(self, state, now: float) -> tuple[int, float]:
+        index = int(now // self.window)
+        if state is None or state[0] != index:
+            return index, 0.0
+        return index, state[1]
+
+    def wait(self, state, now, cost, floor):
+        index, used = self._used(state, now)
+        if self._over(used, cost, floor) <= EPSILON:
+            return 0.0
+        if cost + floor > self.capacity:
+            return math.inf
+        return (index + 1) * self.window - now
+
+    def take(self, state, now, cost, lease):
+        index, used = self._used(state, now)
+        return (index, used + cost), (index + 1) * self.window
+
+    def remaining(self, state, now):
+        return max(0.0, self.capacity - self._used(state, now)[1])
+
+    def inspect(self, state, now):
+        index, used = self._used(state, now)
+        return {"used": used, "limit": self.capacity, "remaining": max(0.0, self.capacity - used),
+                "full_in": (index + 1) * self.window - now if used else 0.0}
+
+
+class Log:
+    """The state of one sliding-window log: (time, cost) entries, oldest first, and their sum."""
+
+    __slots__ = ("entries", "used")
+
+    def __init__(self) -> None:
+        self.entries: deque[tuple[float, float]] = deque()
+        self.used = 0.0
+
+
+@register("sliding_window")
+class SlidingWindowLog(WindowRule):
+    """Exact: keeps every (time, cost) in the window. Memory grows with the entries in the
+    window, so it suits low limits or coarse costs; the counter below is O(1)."""
+
+    def _prune(self, log: Log | None, now: float) -> Log | None:
+        # Dropping entries that left the window changes no decision, so it may happen
+        # in `wait` too, before the decision is known.
+        if log is None:
+            return None
+        entries, cutoff = log.entries, now - self.window
+        while entries and entries[0][0] <= cutoff:
+            log.used -= entries.popleft()[1]
+        if not entries:
+            log.used = 0.0  # no float drift survives an empty window
+        return log
+
+    def wait(self, state, now, cost, floor):
+        log = self._prune(state, now)
+        over = self._over(log.used if log else 0.0, cost, floor)
+        if over <= EPSILON:
+            return 0.0
+        if cost + floor > self.capacity:
+            return math.inf
+        freed = 0.0
+        for stamp, spent in log.entries:  # oldest first: wait until enough of them leave
+            freed += spent
+            if freed >= over - EPSILON:
+                return stamp + self.window - now
+        return math.inf
+
+    def take(self, state, now, cost, lease):
+        log = self._prune(state, now) or Log()
+        log.entries.append((now, cost))
+        log.used += cost
+        return log, log.entries[-1][0] + self.window
+
+    def remaining(self, state, now):
+        log = self._prune(state, now)
+        return max(0.0, self.capacity - (log.used if log else 0.0))
+
+    def inspect(self, state, now):
+        log = self._prune(state, now)
+        used = log.used if log else 0.0
+        return {"used": used, "limit": self.capacity, "entries": len(log.entries) if log else 0,
+                "remaining": max(0.0, self.capacity - used),
+                "full_in": log.entries[-1][0] + self.window - now if log and log.entries else 0.0}
+
+
+@register("sliding_window_counter")
+class SlidingWindowCounter(WindowRule):
+    """Two fixed windows, the previous one weighted by how much of it the sliding window
+    still covers. O(1) state: (window index, previous count, current count).
+
+    It assumes the previous window's cost was spread evenly, so it can over-admit when that
+    cost came in a burst at the end of the window, by at most the part of the previous
+    window's cost that the weight discounts. We accept it for the constant memory.
+    """
+
+    def _counts(self, state, now: float) -> tuple[int, float, float]:
+        index = int(now // self.window)
+        if state is None:
+            return index, 0.0, 0.0
+        seen, previous, current = state
+        if seen == index:
+            return index, previous, current
+        if seen == index - 1:
+            return index, current, 0.0
+        return index, 0.0, 0.0
+
+    def _estimate(self, index: int, previous: float, current: float, now: float) -> float:
+        weight = 1.0 - (now - index * self.window) / self.window
+        return current + previous * weight
+
+    def wait(self, state, now, cost, floor):
+        index, previous, current = self._counts(state, now)
+        room = self.capacity - floor
+        if self._estimate(index, previous, current, now) + cost <= room + EPSILON:
+            return 0.0
+        if cost > room:
+            return math.inf
+        start = index * self.window
+        target = room - cost - current
+        if target >= 0 and previous > 0:
+            # The previous window's weight falls linearly; find where it is small enough.
+            return start + self.window * (1.0 - target / previous) - now
+        # Only the next window can help: then `current` becomes the weighted previous.
+        target = room - cost
+        later = self.window * (1.0 - target / current) if current > target else 0.0
+        return start + self.window + later - now
+
+    def take(self, state, now, cost, lease):
+        index, previous, current = self._counts(state, now)
+        return (index, previous, current + cost), (index + 2) * self.window
+
+    def remaining(self, state, now):
+        index, previous, current = self._counts(state, now)
+        return max(0.0, self.capacity - self._estimate(index, previous, current, now))
+
+    def inspect(self, state, now):
+        index, previous, current = self._counts(state, now)
+        estimate = self._estimate(index, previous, current, now)
+        full_at = (index + 2) * self.window if current else (index + 1) * self.window
+        return {"used": estimate, "limit": self.capacity, "previous": previous,
+                "current": current, "remaining": max(0.0, self.capacity - estimate),
+                "full_in": full_at - now if estimate else 0.0}

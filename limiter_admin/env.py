@@ -1,0 +1,34 @@
+"""Read settings from the environment, failing at start-up on a value we cannot read."""
+import os
+
+from django.core.exceptions import ImproperlyConfigured
+
+TRUE_WORDS = {"1", "true", "yes", "on"}
+FALSE_WORDS = {"0", "false", "no", "off", ""}
+
+
+def env_bool(name, default):
+    """The boolean in environment variable `name`, or `default` when it is unset."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    word = raw.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    # A typo such as DEBUG=O must not silently leave debug mode on (or off).
+    raise ImproperlyConfigured(f"{name}={raw!r}: expected 1 or 0")
+
+
+def env_list(name, default):
+    """The comma-separated list in `name` (blank items dropped), or `default` when unset."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return list(default)
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_str(name, default=None):
+    """The string in `name`; an empty value counts as unset."""
+    return os.environ.get(name) or default

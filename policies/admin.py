@@ -1,0 +1,1 @@
+"""Admin registrations for the policy models arrive with the models themselves."""

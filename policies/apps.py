@@ -1,0 +1,8 @@
+from django.apps import AppConfig
+
+
+class PoliciesConfig(AppConfig):
+    """Tiers, tenants, levels, priorities and the rules they carry."""
+
+    name = "policies"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,1 @@
+"""Policy models (tiers, tenants, rules, levels, priorities) arrive with the policy store."""
