@@ -12,10 +12,12 @@ from .errors import ConfigError, InvalidRequest, LimiterError, StoreUnavailable
 from .limiter import Decision, HierarchicalLimiter
 from .params import Param
 from .rules import RULES, Rule, register
+from .single import ClientLimiter
 from .stores import MemoryStore, Store, store_from_url
+from .throttle import Throttle
 
 __all__ = [
-    "RULES", "ConfigError", "Decision", "HierarchicalLimiter", "InvalidRequest", "LimiterError",
+    "RULES", "ClientLimiter", "ConfigError", "Decision", "HierarchicalLimiter", "InvalidRequest", "LimiterError",
     "ManualClock", "MemoryStore", "Param", "PriorityClass", "Rule", "Store", "StoreUnavailable",
-    "register", "store_from_url",
+    "Throttle", "register", "store_from_url",
 ]

@@ -18,6 +18,7 @@ class Concurrency(Rule):
     """
 
     leased = True
+    counts_requests = True
     params = (
         Param("limit", kind="integer", help="Most requests in flight at once.", minimum=1,
               maximum=1_000_000),
@@ -31,10 +32,6 @@ class Concurrency(Rule):
     def describe(self) -> str:
         return f"concurrency({self.limit}, lease {_number(self.lease)}s)"
 
-    def max_cost(self, floor: float) -> float:
-        # Cost does not count here; only whether one more slot fits beside the reserve.
-        return math.inf if 1 + floor <= self.capacity else -1.0
-
     def _live(self, slots: dict | None, now: float) -> dict | None:
         if slots:
             for lease in [lease for lease, expiry in slots.items() if expiry <= now]:
@@ -43,10 +40,10 @@ class Concurrency(Rule):
 
     def wait(self, state, now, cost, floor):
         slots = self._live(state, now)
-        surplus = (len(slots) if slots else 0) + 1 + floor - self.capacity
+        surplus = (len(slots) if slots else 0) + cost + floor - self.capacity
         if surplus <= 0:
             return 0.0
-        if 1 + floor > self.capacity:
+        if cost + floor > self.capacity:
             return math.inf
         # The slots free up in order of expiry; wait for as many as are needed.
         needed = math.ceil(surplus)

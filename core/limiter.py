@@ -190,9 +190,9 @@ class HierarchicalLimiter:
     def _assemble(self, stateful: list[Check], stateless: list[Check]) -> Plan:
         plan = Plan()
         plan.checks = stateful
-        plan.names = [f"{c.level}: {c.rule.describe()}" for c in stateful]
+        plan.names = [f"{c.level}: {c.rule.display()}" for c in stateful]
         plan.reasons = [c.rule.label or RATE_LIMITED for c in stateful]
-        plan.stateless = [(c, f"{c.level}: {c.rule.describe()}", c.rule) for c in stateless]
+        plan.stateless = [(c, f"{c.level}: {c.rule.display()}", c.rule) for c in stateless]
         plan.leased = any(c.rule.leased for c in stateful)
         limits = [(c.rule.max_cost(c.floor), i) for i, c in enumerate(stateful + stateless)
                   if not c.rule.shadow]
@@ -215,8 +215,8 @@ class HierarchicalLimiter:
 
 def _row(check: Check, wait: float = 0.0, remaining: float = INFINITY) -> dict:
     rule = check.rule
-    return {"level": check.level, "key": check.key, "rule": rule.describe(),
-            "name": f"{check.level}: {rule.describe()}", "label": rule.label,
+    return {"level": check.level, "key": check.key, "rule": rule.display(),
+            "name": f"{check.level}: {rule.display()}", "label": rule.label,
             "shadow": rule.shadow, "floor": check.floor, "wait": wait, "remaining": remaining}
 
 

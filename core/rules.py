@@ -62,13 +62,21 @@ class Rule:
     # Leased rules hold something per request (a concurrency slot) until `release`.
     leased: ClassVar[bool] = False
 
-    def __init__(self, label: str | None = None, shadow: bool = False, **params: Any) -> None:
+    # Rules that count requests take 1 per request whatever its cost (a requests-per-minute
+    # rule beside a tokens-per-minute one); the others take the request's cost.
+    counts_requests: bool = False
+
+    def __init__(self, label: str | None = None, shadow: bool = False, counts: str = "cost",
+                 **params: Any) -> None:
         values = clean_params(self.params, params, "")
         self.values = values
         for name, value in values.items():
             setattr(self, name, value)
         self.label = label
         self.shadow = bool(shadow)
+        if counts not in ("cost", "requests"):
+            raise ConfigError("must be 'cost' or 'requests'", "counts")
+        self.counts_requests = self.counts_requests or counts == "requests"
         self.rule_id = self._rule_id()
         self.setup()
 
@@ -80,6 +88,8 @@ class Rule:
 
     def max_cost(self, floor: float) -> float:
         """The largest cost that can ever fit while `floor` stays in reserve."""
+        if self.counts_requests:
+            return math.inf if 1 + floor <= self.capacity else -1.0
         return self.capacity - floor
 
     def wait(self, state: Any, now: float, cost: float, floor: float) -> float:
@@ -109,10 +119,15 @@ class Rule:
         args = ", ".join(_show(v) for v in self.values.values())
         return f"{self.type_name}({args})"
 
+    def display(self) -> str:
+        """`describe()` plus how it counts, when that is not the default."""
+        return self.describe() + (" per request" if self.counts_requests else "")
+
     def _rule_id(self) -> str:
         # Identifies the rule's state in a store: same type and parameters, same state,
         # so two tiers that share a global rule share its bucket.
-        return ":".join([self.type_name, *(_show(v) for v in self.values.values())])
+        parts = [self.type_name, *(_show(v) for v in self.values.values())]
+        return ":".join(parts + ["requests"] if self.counts_requests else parts)
 
     def __repr__(self) -> str:
         return f"<{self.describe()}>"
@@ -129,7 +144,7 @@ def build_rule(spec: Any, path: str) -> Rule:
     if not isinstance(spec, dict):
         raise ConfigError(f"a rule must be a mapping, not {type(spec).__name__}", path)
     cls = rule_class(spec.get("type"), path)
-    params = {k: v for k, v in spec.items() if k not in ("type", "label", "shadow")}
+    params = {k: v for k, v in spec.items() if k not in ("type", "label", "shadow", "counts")}
     label = spec.get("label")
     if label is not None and (not isinstance(label, str) or not label.strip()):
         raise ConfigError("must be a non-empty string", f"{path}.label")
@@ -137,7 +152,7 @@ def build_rule(spec: Any, path: str) -> Rule:
     if not isinstance(shadow, bool):
         raise ConfigError("must be true or false", f"{path}.shadow")
     try:
-        return cls(label=label, shadow=shadow, **params)
+        return cls(label=label, shadow=shadow, counts=spec.get("counts", "cost"), **params)
     except ConfigError as error:
         field = f"{path}.{error.path}" if error.path else path
         raise ConfigError(f"{error.reason} ({cls.type_name})", field) from None

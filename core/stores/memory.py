@@ -55,7 +55,7 @@ class MemoryStore(Store):
             name = f"{level}\x1f{key}\x1f{rule.rule_id}"
             shard = hash(name) % len(self._tables)
             shards.add(shard)
-            slots.append((rule, self._tables[shard], name, floor, rule.shadow))
+            slots.append((rule, self._tables[shard], name, floor, rule.shadow, rule.counts_requests))
         return MemoryPlan(slots, [self._locks[i] for i in sorted(shards)])
 
     def decide(self, plan: MemoryPlan, cost: float, now: float, lease: str | None) -> Outcome:
@@ -75,11 +75,11 @@ class MemoryStore(Store):
     @staticmethod
     def _decide(slots: list, cost: float, now: float, lease: str | None) -> Outcome:
         worst, blocker, shadows, states = 0.0, -1, NO_SHADOWS, []
-        for i, (rule, table, name, floor, shadow) in enumerate(slots):
+        for i, (rule, table, name, floor, shadow, per_request) in enumerate(slots):
             entry = table.get(name)
             state = None if entry is None else entry[0]
             states.append(state)
-            wait = rule.wait(state, now, cost, floor)
+            wait = rule.wait(state, now, 1.0 if per_request else cost, floor)
             if wait > 0.0:
                 if shadow:
                     shadows += (i,)
@@ -88,10 +88,10 @@ class MemoryStore(Store):
         if blocker >= 0:
             return blocker, worst, slots[blocker][0].remaining(states[blocker], now), shadows
         remaining = INFINITY
-        for i, (rule, table, name, floor, shadow) in enumerate(slots):
+        for i, (rule, table, name, floor, shadow, per_request) in enumerate(slots):
             if shadow and i in shadows:
                 continue  # a shadow rule that would deny takes nothing, as if it were enforced
-            entry = table[name] = rule.take(states[i], now, cost, lease)
+            entry = table[name] = rule.take(states[i], now, 1.0 if per_request else cost, lease)
             if not shadow:
                 left = rule.remaining(entry[0], now)
                 if left < remaining:
@@ -101,20 +101,21 @@ class MemoryStore(Store):
     def explain(self, plan: MemoryPlan, cost: float, now: float) -> list[tuple[float, float]]:
         with _Locked(plan.locks):
             out = []
-            for rule, table, name, floor, _ in plan.slots:
+            for rule, table, name, floor, _, per_request in plan.slots:
                 state = self._state(table, name)
-                out.append((rule.wait(state, now, cost, floor), rule.remaining(state, now)))
+                wait = rule.wait(state, now, 1.0 if per_request else cost, floor)
+                out.append((wait, rule.remaining(state, now)))
             return out
 
     def inspect(self, plan: MemoryPlan, now: float) -> list[dict]:
         with _Locked(plan.locks):
             return [rule.inspect(self._state(table, name), now)
-                    for rule, table, name, _, _ in plan.slots]
+                    for rule, table, name, *_ in plan.slots]
 
     def release(self, plan: MemoryPlan, now: float, lease: str) -> int:
         released = 0
         with _Locked(plan.locks):
-            for rule, table, name, _, _ in plan.leased:
+            for rule, table, name, *_ in plan.leased:
                 entry = rule.release(self._state(table, name), now, lease)
                 if entry is not None:
                     table[name] = entry
@@ -123,7 +124,7 @@ class MemoryStore(Store):
 
     def reset(self, plan: MemoryPlan) -> None:
         with _Locked(plan.locks):
-            for _, table, name, _, _ in plan.slots:
+            for _, table, name, *_ in plan.slots:
                 table.pop(name, None)
 
     @staticmethod
