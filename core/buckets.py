@@ -12,7 +12,7 @@ from .rules import EPSILON, MAX_IDLE_SECONDS, Rule, register
 class TokenBucket(Rule):
     """Holds up to `capacity` tokens and refills lazily at `per_second`.
 
-    State: (tokens, updated). Two numbers per key, whatever the traffic.
+    State: (idle_at, tokens, updated); the tokens are also the room left.
     """
 
     params = (
@@ -25,6 +25,9 @@ class TokenBucket(Rule):
     def setup(self) -> None:
         self.capacity = float(self.capacity)
         self.rate = float(self.per_second)
+        # Seconds per token, to find when the bucket is full again; a bucket that never
+        # refills is kept for MAX_IDLE_SECONDS after its last take.
+        self.refill_time = 1.0 / self.rate if self.rate else 0.0
 
     def describe(self) -> str:
         return f"token_bucket({_number(self.capacity)}, {_number(self.rate)}/s)"
@@ -32,7 +35,7 @@ class TokenBucket(Rule):
     def _tokens(self, state, now: float) -> float:
         if state is None:
             return self.capacity
-        tokens, updated = state
+        _, tokens, updated = state
         if now > updated:
             tokens += (now - updated) * self.rate
             if tokens > self.capacity:
@@ -47,21 +50,34 @@ class TokenBucket(Rule):
             return math.inf
         return missing / self.rate
 
-    def take(self, state, now, cost, lease):
-        tokens = self._tokens(state, now) - cost
-        # A clock that steps back must not refill the same interval twice.
-        updated = now if state is None or now > state[1] else state[1]
-        if self.rate:
-            return (tokens, updated), updated + (self.capacity - tokens) / self.rate
-        return (tokens, updated), updated + MAX_IDLE_SECONDS
+    def attempt(self, state, now, cost, floor):
+        # The hot path: refill once, and hand back the state to store if all rules agree.
+        capacity = self.capacity
+        if state is None:
+            tokens, updated = capacity, now
+        else:
+            _, tokens, updated = state
+            if now > updated:  # a clock that steps back must not refill an interval twice
+                tokens += (now - updated) * self.rate
+                if tokens > capacity:
+                    tokens = capacity
+                updated = now
+        left = tokens - cost
+        if left - floor < -EPSILON:
+            return self.wait(state, now, cost, floor) or EPSILON
+        if self.refill_time:
+            return updated + (capacity - left) * self.refill_time, left, updated
+        return updated + MAX_IDLE_SECONDS, left, updated
 
     def remaining(self, state, now):
         return max(0.0, self._tokens(state, now))
 
     def inspect(self, state, now):
         tokens = self._tokens(state, now)
-        full_in = (self.capacity - tokens) / self.rate if self.rate else (
-            0.0 if tokens >= self.capacity else math.inf)
+        if self.rate:
+            full_in = (self.capacity - tokens) / self.rate
+        else:
+            full_in = 0.0 if tokens >= self.capacity else math.inf
         return {"tokens": max(0.0, tokens), "capacity": self.capacity,
                 "remaining": max(0.0, tokens), "full_in": full_in}
 
@@ -70,8 +86,9 @@ class TokenBucket(Rule):
 class GCRA(Rule):
     """Generic cell rate algorithm: `rate` per second with bursts of `burst`.
 
-    State: one number, the theoretical arrival time (TAT) of the next request. It admits
-    exactly what a token bucket of capacity `burst` refilling at `rate` admits.
+    State: (tat, room), where tat, the theoretical arrival time, is also when the key goes
+    idle. It admits exactly what a token bucket of capacity `burst` refilling at `rate`
+    admits, with one timestamp of state.
     """
 
     params = (
@@ -89,8 +106,8 @@ class GCRA(Rule):
         return f"gcra({_number(self.rate)}/s, burst {_number(self.burst)})"
 
     def _used(self, state, now: float) -> float:
-        """Cost units still outstanding: how far the TAT runs ahead of now, times the rate."""
-        return (state - now) * self.rate if state is not None and state > now else 0.0
+        """Cost still outstanding: how far the TAT runs ahead of now, times the rate."""
+        return (state[0] - now) * self.rate if state is not None and state[0] > now else 0.0
 
     def wait(self, state, now, cost, floor):
         over = self._used(state, now) + cost + floor - self.capacity
@@ -100,10 +117,13 @@ class GCRA(Rule):
             return math.inf
         return over * self.interval
 
-    def take(self, state, now, cost, lease):
-        start = state if state is not None and state > now else now
+    def attempt(self, state, now, cost, floor):
+        start = state[0] if state is not None and state[0] > now else now
         tat = start + cost * self.interval
-        return tat, tat
+        left = self.capacity - (tat - now) * self.rate
+        if left - floor < -EPSILON:
+            return self.wait(state, now, cost, floor) or EPSILON
+        return tat, left
 
     def remaining(self, state, now):
         return max(0.0, self.capacity - self._used(state, now))

@@ -14,7 +14,7 @@ class Concurrency(Rule):
     """Each admitted request holds one slot, whatever its cost, until it is released or
     its lease runs out. The lease is what brings back the slot of a client that crashed.
 
-    State: {lease id: expiry time} of the slots in flight.
+    State, changed in place: [idle_at, room, {lease id: expiry time} of the slots in flight].
     """
 
     leased = True
@@ -32,10 +32,12 @@ class Concurrency(Rule):
     def describe(self) -> str:
         return f"concurrency({self.limit}, lease {_number(self.lease)}s)"
 
-    def _live(self, slots: dict | None, now: float) -> dict | None:
-        if slots:
-            for lease in [lease for lease, expiry in slots.items() if expiry <= now]:
-                del slots[lease]
+    def _live(self, state: list | None, now: float) -> dict | None:
+        if state is None:
+            return None
+        slots = state[2]
+        for lease in [lease for lease, expiry in slots.items() if expiry <= now]:
+            del slots[lease]
         return slots
 
     def wait(self, state, now, cost, floor):
@@ -46,19 +48,26 @@ class Concurrency(Rule):
         if cost + floor > self.capacity:
             return math.inf
         # The slots free up in order of expiry; wait for as many as are needed.
-        needed = math.ceil(surplus)
-        return heapq.nsmallest(needed, slots.values())[-1] - now
+        return heapq.nsmallest(math.ceil(surplus), slots.values())[-1] - now
 
     def take(self, state, now, cost, lease):
-        slots = self._live(state, now) or {}
+        if state is None:
+            state = [0.0, 0.0, {}]
+        slots = self._live(state, now)
         slots[lease] = now + self.lease
-        return slots, max(slots.values())
+        return self._settle(state)
 
     def release(self, state, now, lease):
         slots = self._live(state, now)
         if not slots or slots.pop(lease, None) is None:
             return None
-        return slots, max(slots.values(), default=now)
+        return self._settle(state, now)
+
+    def _settle(self, state: list, now: float = 0.0) -> list:
+        slots = state[2]
+        state[0] = max(slots.values(), default=now)  # idle once the last lease runs out
+        state[1] = self.capacity - len(slots)
+        return state
 
     def remaining(self, state, now):
         slots = self._live(state, now)

@@ -43,7 +43,18 @@ def parse_levels(config: Any) -> dict[str, list[Rule]]:
         if not isinstance(specs, (list, tuple)):
             raise ConfigError(f"must be a list of rules, not {type(specs).__name__}", level)
         levels[level] = [build_rule(spec, f"{level}[{i}]") for i, spec in enumerate(specs)]
+        _refuse_duplicates(level, levels[level])
     return levels
+
+
+def _refuse_duplicates(level: str, rules: list[Rule]) -> None:
+    # Two rules with the same type and parameters at one level would be one bucket.
+    seen: dict[str, int] = {}
+    for i, rule in enumerate(rules):
+        if rule.rule_id in seen:
+            raise ConfigError(f"repeats rule {seen[rule.rule_id]} ({rule.describe()}) of this level",
+                              f"{level}[{i}]")
+        seen[rule.rule_id] = i
 
 
 def parse_priorities(config: Any, level_names: tuple[str, ...]) -> dict[str, PriorityClass]:

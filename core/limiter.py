@@ -13,6 +13,8 @@ from __future__ import annotations
 import itertools
 import math
 import os
+from collections import namedtuple
+from operator import itemgetter
 from typing import Any, Callable, Mapping
 
 from .config import PriorityClass, parse_levels, parse_priorities
@@ -25,38 +27,44 @@ INFINITY = math.inf
 NO_NAMES: tuple[str, ...] = ()
 OK, RATE_LIMITED, COST_EXCEEDS_LIMIT = "OK", "RATE_LIMITED", "COST_EXCEEDS_LIMIT"
 PLAN_CACHE_SIZE = 100_000
+_NUMBER_TYPES = (int, float)
 
 _lease_prefix = os.urandom(6).hex()
 _lease_numbers = itertools.count(1)
 
 
-class Decision:
-    """The answer to "may this request go?". Read-only by convention."""
+_DECISION_FIELDS = ("allowed", "retry_after", "blocked_by", "reason", "remaining", "degraded",
+                    "lease", "shadow_blocked")
 
-    __slots__ = ("allowed", "retry_after", "blocked_by", "reason", "remaining", "degraded",
-                 "lease", "shadow_blocked")
 
-    def __init__(self, allowed: bool, retry_after: float = 0.0, blocked_by: str | None = None,
-                 reason: str = OK, remaining: float = INFINITY, degraded: bool = False,
-                 lease: str | None = None, shadow_blocked: tuple[str, ...] = NO_NAMES) -> None:
-        self.allowed = allowed
-        self.retry_after = retry_after  # seconds; math.inf when it can never fit
-        self.blocked_by = blocked_by  # "level: rule", the rule with the longest wait
-        self.reason = reason  # "OK", the blocking rule's label, or RATE_LIMITED
-        self.remaining = remaining  # the tightest rule's room after this decision
-        self.degraded = degraded  # decided by a fail mode because the store was down
-        self.lease = lease  # hand back to release() when a concurrency slot was taken
-        self.shadow_blocked = shadow_blocked  # shadow rules that would have denied
+class Decision(namedtuple("DecisionFields", _DECISION_FIELDS,
+                          defaults=(0.0, None, OK, INFINITY, False, None, NO_NAMES))):
+    """The answer to "may this request go?".
+
+    allowed: whether it may go now. retry_after: seconds to wait, 0 when allowed,
+    math.inf when it can never fit. blocked_by: "level: rule", the rule with the longest
+    wait. reason: "OK", the blocking rule's label, RATE_LIMITED or COST_EXCEEDS_LIMIT.
+    remaining: the tightest rule's room after this decision. degraded: decided by a fail
+    mode because the store was down. lease: hand it to `release()` when a concurrency slot
+    was taken. shadow_blocked: the shadow rules that would have denied.
+    """
+
+    __slots__ = ()
 
     def as_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return dict(zip(_DECISION_FIELDS, self))
 
     def __eq__(self, other: object) -> bool:
+        # Lease ids are unique by design, so two decisions alike in all else are equal.
         if not isinstance(other, Decision):
             return NotImplemented
-        mine, theirs = self.as_dict(), other.as_dict()
-        mine.pop("lease"), theirs.pop("lease")  # lease ids are unique by design
-        return mine == theirs
+        return self[:6] == other[:6] and self[7] == other[7]
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = tuple.__hash__
 
     def __repr__(self) -> str:
         if self.allowed:
@@ -64,11 +72,14 @@ class Decision:
         return f"<Decision denied {self.reason} by {self.blocked_by!r} retry_after={self.retry_after!r}>"
 
 
+_make = tuple.__new__  # builds a Decision from a full tuple without a Python-level __init__
+
+
 class Plan:
     """A key set and priority, resolved once: the store's plan plus what names the results."""
 
-    __slots__ = ("store_plan", "checks", "names", "reasons", "max_cost", "too_big",
-                 "stateless", "leased")
+    __slots__ = ("store_plan", "decide", "checks", "names", "reasons", "max_cost", "too_big",
+                 "stateless", "leased", "lean_max_cost")
 
 
 class HierarchicalLimiter:
@@ -82,7 +93,13 @@ class HierarchicalLimiter:
         self.clock = clock if clock is not None else self.store.clock
         self.priorities = dict(priorities or {})
         self._level_names = tuple(self.levels)
-        self._plans: dict[Any, Plan] = {}
+        # The plan cache's key: the key of every level, in level order. A request that
+        # leaves a level out misses here (KeyError) and is found by _plan() instead.
+        self._signature = itemgetter(*self._level_names) if self.levels else tuple
+        # What blocked_by shows for each rule, worked out once rather than per plan.
+        self._named_rules = {level: [(rule, f"{level}: {rule.display()}") for rule in rules]
+                             for level, rules in self.levels.items()}
+        self._plans: dict[str | None, dict[tuple, Plan]] = {}  # by priority, then keys
 
     @classmethod
     def from_config(cls, config: Mapping, store: Store | None = None,
@@ -94,33 +111,47 @@ class HierarchicalLimiter:
 
     def acquire(self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None) -> Decision:
         """Decide one request: take `cost` at every level named in `keys`, or nothing at all."""
-        if cost.__class__ not in (int, float) or not 0 < cost <= LARGEST_NUMBER:
+        if cost.__class__ not in _NUMBER_TYPES or not 0 < cost <= LARGEST_NUMBER:
             _refuse_cost(cost)
         try:
-            plan = self._plans[tuple(map(keys.get, self._level_names)), priority]
+            plan = self._plans[priority][self._signature(keys)]
         except (KeyError, AttributeError, TypeError):
             plan = self._plan(keys, priority)
+        if cost > plan.lean_max_cost:
+            return self._acquire_slowly(plan, cost)
+        blocker, wait, remaining, shadows = plan.decide(plan.store_plan, cost, self.clock(), None)
+        if blocker < 0 and not shadows:
+            return _make(Decision, (True, 0.0, None, OK, remaining, False, None, NO_NAMES))
+        return self._outcome(plan, blocker, wait, remaining, shadows, None)
+
+    def _acquire_slowly(self, plan: Plan, cost: float) -> Decision:
+        """Every case the lean path leaves out: a cost that never fits, stateless rules,
+        and concurrency leases."""
         if cost > plan.max_cost:
             return self._too_big(plan)
         now = self.clock()
-        if plan.stateless:
-            denial = self._check_stateless(plan, cost, now)
-            if denial is not None:
-                return denial
+        denial, shadowed = self._check_stateless(plan, cost, now) if plan.stateless else (None, ())
+        if denial is not None:
+            return denial
         lease = f"{_lease_prefix}-{next(_lease_numbers):x}" if plan.leased else None
-        blocker, wait, remaining, shadows = self.store.decide(plan.store_plan, cost, now, lease)
+        decision = self._outcome(plan, *plan.decide(plan.store_plan, cost, now, lease), lease)
+        return decision._replace(shadow_blocked=decision.shadow_blocked + shadowed) if shadowed else decision
+
+    @staticmethod
+    def _outcome(plan: Plan, blocker: int, wait: float, remaining: float,
+                 shadows: tuple[int, ...], lease: str | None) -> Decision:
         names = plan.names
         shadow_blocked = tuple([names[i] for i in shadows]) if shadows else NO_NAMES
         if blocker < 0:
-            return Decision(True, 0.0, None, OK, remaining, False, lease, shadow_blocked)
-        return Decision(False, wait, names[blocker], plan.reasons[blocker], remaining, False,
-                        None, shadow_blocked)
+            return _make(Decision, (True, 0.0, None, OK, remaining, False, lease, shadow_blocked))
+        return _make(Decision, (False, wait, names[blocker], plan.reasons[blocker], remaining,
+                                False, None, shadow_blocked))
 
     def explain(self, keys: Mapping[str, str], cost: float = 1,
                 priority: str | None = None) -> tuple[Decision, list[dict]]:
         """A dry run: the decision `acquire` would make now, and every rule's wait and
         remaining (before any take), consuming nothing."""
-        if cost.__class__ not in (int, float) or not 0 < cost <= LARGEST_NUMBER:
+        if cost.__class__ not in _NUMBER_TYPES or not 0 < cost <= LARGEST_NUMBER:
             _refuse_cost(cost)
         return self._explain(self._plan(keys, priority), cost, self.clock())
 
@@ -149,68 +180,77 @@ class HierarchicalLimiter:
         self.store.reset(self._plan({level: key}, None).store_plan)
 
     def _plan(self, keys: Mapping[str, str], priority: str | None) -> Plan:
+        """The plan for a key set and priority: from the cache, or built and cached."""
         if not isinstance(keys, Mapping):
             raise InvalidRequest("must map level names to keys", "keys")
-        signature = (tuple(map(keys.get, self._level_names)), priority)
-        plan = self._plans.get(signature)
-        if plan is None:
-            plan = self._build_plan(keys, self._priority(priority))
-            if len(self._plans) >= PLAN_CACHE_SIZE:
-                self._forget_oldest_plan()
-            self._plans[signature] = plan
-        return plan
-
-    def _forget_oldest_plan(self) -> None:
+        signature = tuple(map(keys.get, self._level_names))
+        if len(signature) == 1:
+            signature = signature[0]  # what itemgetter gives for a single level
         try:
-            del self._plans[next(iter(self._plans))]
-        except (KeyError, RuntimeError, StopIteration):
-            pass  # another thread changed the cache first; it will be trimmed next time
+            return self._plans[priority][signature]
+        except (KeyError, TypeError):
+            pass  # not cached yet, or a key or priority that is no name at all
+        plan = self._build_plan(keys, self._priority(priority))
+        plans = self._plans.setdefault(priority, {})
+        if len(plans) >= PLAN_CACHE_SIZE:
+            # Dropping the whole cache costs one rebuild per live key set, once; dropping
+            # the oldest entry one at a time gets slower as the dict fills with holes.
+            plans.clear()
+        plans[signature] = plan
+        return plan
 
     def _priority(self, name: str | None) -> PriorityClass | None:
         if name is None:
             return None
-        if name not in self.priorities:
+        if not isinstance(name, str) or name not in self.priorities:
             known = ", ".join(sorted(self.priorities)) or "none"
             raise InvalidRequest(f"unknown priority {name!r} (known: {known})", "priority")
         return self.priorities[name]
 
     def _build_plan(self, keys: Mapping[str, str], priority: PriorityClass | None) -> Plan:
         stateful, stateless = [], []
-        for level, rules in self.levels.items():
+        for level, rules in self._named_rules.items():
             key = keys.get(level)
             if key is None:
                 continue
             if not isinstance(key, str) or not key:
                 raise InvalidRequest("must be a non-empty string", f"keys.{level}")
-            for rule in rules:
+            for rule, name in rules:
                 floor = priority.floor(level, rule) if priority else 0.0
-                (stateful if rule.stateful else stateless).append(Check(level, key, rule, floor))
+                (stateful if rule.stateful else stateless).append((Check(level, key, rule, floor), name))
         return self._assemble(stateful, stateless)
 
-    def _assemble(self, stateful: list[Check], stateless: list[Check]) -> Plan:
+    def _assemble(self, stateful: list, stateless: list) -> Plan:
         plan = Plan()
-        plan.checks = stateful
-        plan.names = [f"{c.level}: {c.rule.display()}" for c in stateful]
-        plan.reasons = [c.rule.label or RATE_LIMITED for c in stateful]
-        plan.stateless = [(c, f"{c.level}: {c.rule.display()}", c.rule) for c in stateless]
-        plan.leased = any(c.rule.leased for c in stateful)
-        limits = [(c.rule.max_cost(c.floor), i) for i, c in enumerate(stateful + stateless)
-                  if not c.rule.shadow]
+        plan.checks = [check for check, _ in stateful]
+        plan.names = [name for _, name in stateful]
+        plan.reasons = [check.rule.label or RATE_LIMITED for check, _ in stateful]
+        plan.stateless = [(check, name, check.rule) for check, name in stateless]
+        plan.leased = any(check.rule.leased for check in plan.checks)
+        limits = [(check.rule.max_cost(check.floor), i)
+                  for i, (check, _) in enumerate(stateful + stateless) if not check.rule.shadow]
         plan.max_cost, plan.too_big = min(limits, default=(INFINITY, -1))
-        plan.store_plan = self.store.prepare(stateful)
+        # The lean path in acquire() serves plans with nothing but stateful, unleased rules.
+        plan.lean_max_cost = -INFINITY if plan.leased or plan.stateless else plan.max_cost
+        plan.store_plan = self.store.prepare(plan.checks)
+        plan.decide = self.store.decide
         return plan
 
     def _too_big(self, plan: Plan) -> Decision:
         names = plan.names + [name for _, name, _ in plan.stateless]
         return Decision(False, INFINITY, names[plan.too_big], COST_EXCEEDS_LIMIT, 0.0)
 
-    def _check_stateless(self, plan: Plan, cost: float, now: float) -> Decision | None:
+    def _check_stateless(self, plan: Plan, cost: float, now: float) -> tuple[Decision | None, tuple]:
         """Stateless rules decide before the store is asked. On a denial the stateful rules'
-        waits still count towards `retry_after`, so the store is asked without taking."""
-        for check, _, rule in plan.stateless:
-            if not rule.shadow and rule.wait_for_key(check.key, now, cost) > 0:
-                return self._explain(plan, cost, now)[0]
-        return None
+        waits still count towards `retry_after`, so the store is asked without taking.
+        Returns the denial, if any, and the shadow stateless rules that would deny."""
+        shadows = []
+        for check, name, rule in plan.stateless:
+            if rule.wait_for_key(check.key, now, cost) > 0:
+                if not rule.shadow:
+                    return self._explain(plan, cost, now)[0], ()
+                shadows.append(name)
+        return None, tuple(shadows)
 
 
 def _row(check: Check, wait: float = 0.0, remaining: float = INFINITY) -> dict:

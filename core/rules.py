@@ -3,13 +3,18 @@
 A rule is an algorithm with its parameters. It holds no per-key state: the store keeps
 state, and hands it to the rule. That is what lets one rule run in-process or on Redis.
 
-State protocol, for stateful rules (`state` is None for a key never seen or gone idle):
-- `wait(state, now, cost, floor)`: seconds until `cost` fits while keeping `floor` in
+The state protocol. A state is a tuple (or a list, for rules that change it in place)
+whose first two fields are `idle_at`, the time from which the state is as good as none
+(so a store may forget it), and `remaining`, the room left right after it was written.
+The fields after those two are the rule's own. A key never seen, or forgotten, is None.
+- `wait(state, now, cost, floor)`: seconds until `cost` fits while `floor` stays in
   reserve; 0.0 when it fits now, math.inf when it never will.
-- `take(state, now, cost, lease)`: returns `(new_state, idle_at)`, where `idle_at` is the
-  time from which the state is as good as None, so a store may forget it then.
-The store calls `take` only after every rule of the decision answered 0 to `wait`, under
-the same lock, so `take` may reuse work and even mutate the state it was given.
+- `take(state, now, cost, lease)`: the new state once `cost` is taken.
+- `attempt(state, now, cost, floor)`: both phases' work in one call, for the hot path.
+  It returns the wait (a float > 0) when the cost does not fit; otherwise the new state
+  to store if every other rule agrees, or DEFER when the rule changes its state in place
+  and so may only `take` once all agreed. The default is `wait`, then DEFER.
+A plug-in implements `wait` and `take` (or, if stateless, `wait_for_key`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from .errors import ConfigError
 from .params import Param, _number, clean_params
 
 RULES: dict[str, type["Rule"]] = {}
+
+# Returned by `attempt` when the rule takes only after every rule agreed.
+DEFER = object()
 
 # Slack for float arithmetic: a refill that lands 1e-12 short of the cost still fits.
 EPSILON = 1e-9
@@ -95,8 +103,14 @@ class Rule:
     def wait(self, state: Any, now: float, cost: float, floor: float) -> float:
         raise NotImplementedError(f"{type(self).__name__} must implement wait()")
 
-    def take(self, state: Any, now: float, cost: float, lease: str | None) -> tuple[Any, float]:
-        raise NotImplementedError(f"{type(self).__name__} must implement take()")
+    def take(self, state: Any, now: float, cost: float, lease: str | None) -> Any:
+        if type(self).attempt is Rule.attempt:
+            raise NotImplementedError(f"{type(self).__name__} must implement take()")
+        return self.attempt(state, now, cost, -math.inf)
+
+    def attempt(self, state: Any, now: float, cost: float, floor: float) -> Any:
+        wait = self.wait(state, now, cost, floor)
+        return float(wait) if wait > 0.0 else DEFER
 
     def wait_for_key(self, key: str, now: float, cost: float) -> float:
         """For stateless rules: the wait, from the key alone."""
@@ -106,8 +120,8 @@ class Rule:
         """How much cost would fit now (no floor). Defaults to the capacity."""
         return self.capacity
 
-    def release(self, state: Any, now: float, lease: str) -> tuple[Any, float] | None:
-        """Give back what `lease` holds; None when there was nothing to give back."""
+    def release(self, state: Any, now: float, lease: str) -> Any:
+        """The state once `lease` gave back what it holds; None when it held nothing."""
         return None
 
     def inspect(self, state: Any, now: float) -> dict:

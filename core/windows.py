@@ -38,14 +38,14 @@ class FixedWindow(WindowRule):
     """Counts cost per aligned window. Cheapest of all, with the known 2x burst where two
     windows meet: `limit` at the end of one window and `limit` again at the start of the next.
 
-    State: (window index, used).
+    State: (idle_at, room, window index, used).
     """
 
     def _used(self, state, now: float) -> tuple[int, float]:
         index = int(now // self.window)
-        if state is None or state[0] != index:
+        if state is None or state[2] != index:
             return index, 0.0
-        return index, state[1]
+        return index, state[3]
 
     def wait(self, state, now, cost, floor):
         index, used = self._used(state, now)
@@ -55,9 +55,12 @@ class FixedWindow(WindowRule):
             return math.inf
         return (index + 1) * self.window - now
 
-    def take(self, state, now, cost, lease):
+    def attempt(self, state, now, cost, floor):
         index, used = self._used(state, now)
-        return (index, used + cost), (index + 1) * self.window
+        used += cost
+        if used + floor - self.capacity > EPSILON:
+            return self.wait(state, now, cost, floor) or EPSILON
+        return (index + 1) * self.window, self.capacity - used, index, used
 
     def remaining(self, state, now):
         return max(0.0, self.capacity - self._used(state, now)[1])
@@ -68,63 +71,58 @@ class FixedWindow(WindowRule):
                 "full_in": (index + 1) * self.window - now if used else 0.0}
 
 
-class Log:
-    """The state of one sliding-window log: (time, cost) entries, oldest first, and their sum."""
-
-    __slots__ = ("entries", "used")
-
-    def __init__(self) -> None:
-        self.entries: deque[tuple[float, float]] = deque()
-        self.used = 0.0
-
-
 @register("sliding_window")
 class SlidingWindowLog(WindowRule):
     """Exact: keeps every (time, cost) in the window. Memory grows with the entries in the
-    window, so it suits low limits or coarse costs; the counter below is O(1)."""
+    window, so it suits low limits or coarse costs; the counter below is O(1).
 
-    def _prune(self, log: Log | None, now: float) -> Log | None:
+    State, changed in place: [idle_at, room, entries (oldest first), used].
+    """
+
+    def _prune(self, log: list | None, now: float) -> list | None:
         # Dropping entries that left the window changes no decision, so it may happen
         # in `wait` too, before the decision is known.
         if log is None:
             return None
-        entries, cutoff = log.entries, now - self.window
+        entries, cutoff = log[2], now - self.window
         while entries and entries[0][0] <= cutoff:
-            log.used -= entries.popleft()[1]
+            log[3] -= entries.popleft()[1]
         if not entries:
-            log.used = 0.0  # no float drift survives an empty window
+            log[3] = 0.0  # no float drift survives an empty window
         return log
 
     def wait(self, state, now, cost, floor):
         log = self._prune(state, now)
-        over = self._over(log.used if log else 0.0, cost, floor)
+        over = self._over(log[3] if log else 0.0, cost, floor)
         if over <= EPSILON:
             return 0.0
         if cost + floor > self.capacity:
             return math.inf
         freed = 0.0
-        for stamp, spent in log.entries:  # oldest first: wait until enough of them leave
+        for stamp, spent in log[2]:  # oldest first: wait until enough of them leave
             freed += spent
             if freed >= over - EPSILON:
                 return stamp + self.window - now
         return math.inf
 
     def take(self, state, now, cost, lease):
-        log = self._prune(state, now) or Log()
-        log.entries.append((now, cost))
-        log.used += cost
-        return log, log.entries[-1][0] + self.window
+        log = self._prune(state, now) or [0.0, 0.0, deque(), 0.0]
+        log[2].append((now, cost))
+        log[3] += cost
+        log[0] = log[2][-1][0] + self.window  # idle once the newest entry has left
+        log[1] = self.capacity - log[3]
+        return log
 
     def remaining(self, state, now):
         log = self._prune(state, now)
-        return max(0.0, self.capacity - (log.used if log else 0.0))
+        return max(0.0, self.capacity - (log[3] if log else 0.0))
 
     def inspect(self, state, now):
         log = self._prune(state, now)
-        used = log.used if log else 0.0
-        return {"used": used, "limit": self.capacity, "entries": len(log.entries) if log else 0,
+        used = log[3] if log else 0.0
+        return {"used": used, "limit": self.capacity, "entries": len(log[2]) if log else 0,
                 "remaining": max(0.0, self.capacity - used),
-                "full_in": log.entries[-1][0] + self.window - now if log and log.entries else 0.0}
+                "full_in": log[0] - now if log and log[2] else 0.0}
 
 
 @register("sliding_window_counter")
@@ -141,7 +139,7 @@ class SlidingWindowCounter(WindowRule):
         index = int(now // self.window)
         if state is None:
             return index, 0.0, 0.0
-        seen, previous, current = state
+        _, _, seen, previous, current = state
         if seen == index:
             return index, previous, current
         if seen == index - 1:
@@ -169,9 +167,12 @@ class SlidingWindowCounter(WindowRule):
         later = self.window * (1.0 - target / current) if current > target else 0.0
         return start + self.window + later - now
 
-    def take(self, state, now, cost, lease):
+    def attempt(self, state, now, cost, floor):
         index, previous, current = self._counts(state, now)
-        return (index, previous, current + cost), (index + 2) * self.window
+        left = self.capacity - self._estimate(index, previous, current, now) - cost
+        if left - floor < -EPSILON:
+            return self.wait(state, now, cost, floor) or EPSILON
+        return (index + 2) * self.window, left, index, previous, current + cost
 
     def remaining(self, state, now):
         index, previous, current = self._counts(state, now)

@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any, Sequence
 
+from ..rules import DEFER, Rule
 from .base import Check, Outcome, Store
 
 INFINITY = float("inf")
@@ -24,14 +25,22 @@ SWEEP_MIN_WRITES = 256
 
 
 class MemoryPlan:
-    """One key set, resolved: per check its rule, table and key, plus the locks to take."""
+    """One key set, resolved: per check its rule, table and state name, plus the locks.
 
-    __slots__ = ("slots", "locks", "leased")
+    `hot` holds the same checks with their methods bound ahead, for the lean path.
+    """
+
+    __slots__ = ("slots", "hot", "locks", "leased")
 
     def __init__(self, slots: list, locks: list) -> None:
         self.slots = slots
         self.locks = locks
         self.leased = [s for s in slots if s[0].leased]
+        # The lean path writes as it goes and undoes on a denial, so it cannot serve rules
+        # that change their state in place (they defer their take) or shadow rules.
+        lean = all(type(s[0]).attempt is not Rule.attempt and not s[4] for s in slots)
+        self.hot = [(rule.attempt, table.get, name, floor, 1.0 if per_request else None, table, rule)
+                    for rule, table, name, floor, _, per_request in slots] if lean else None
 
 
 class MemoryStore(Store):
@@ -41,7 +50,7 @@ class MemoryStore(Store):
 
     def __init__(self, shards: int = 64) -> None:
         self._locks = [threading.Lock() for _ in range(shards)]
-        self._tables: list[dict[str, tuple[Any, float]]] = [{} for _ in range(shards)]
+        self._tables: list[dict[str, Any]] = [{} for _ in range(shards)]
         self._writes = 0
         self._sweep_at = SWEEP_MIN_WRITES
         self._next_shard = 0
@@ -59,12 +68,16 @@ class MemoryStore(Store):
         return MemoryPlan(slots, [self._locks[i] for i in sorted(shards)])
 
     def decide(self, plan: MemoryPlan, cost: float, now: float, lease: str | None) -> Outcome:
-        for lock in plan.locks:
+        locks = plan.locks
+        for lock in locks:
             lock.acquire()
         try:
-            outcome = self._decide(plan.slots, cost, now, lease)
+            if plan.hot:
+                outcome = self._take_all(plan.hot, cost, now)
+            else:
+                outcome = self._decide(plan.slots, cost, now, lease)
         finally:
-            for lock in plan.locks:
+            for lock in locks:
                 lock.release()
         if outcome[0] < 0:
             self._writes += 1
@@ -73,52 +86,83 @@ class MemoryStore(Store):
         return outcome
 
     @staticmethod
-    def _decide(slots: list, cost: float, now: float, lease: str | None) -> Outcome:
-        worst, blocker, shadows, states = 0.0, -1, NO_SHADOWS, []
+    def _take_all(hot: list, cost: float, now: float) -> tuple | None:
+        """The common case, kept lean: write each rule's new state as soon as it fits, and
+        undo them all at the first rule that does not (the locks are held, so nobody sees
+        the difference); then only the rules not yet asked can have a longer wait."""
+        remaining, before = INFINITY, []
+        for attempt, get, name, floor, unit, table, _ in hot:
+            old = get(name)
+            state = attempt(old, now, unit or cost, floor)
+            if state.__class__ is float:
+                for (_, _, name, _, _, table, _), old in zip(hot, before):
+                    if old is None:
+                        del table[name]
+                    else:
+                        table[name] = old
+                return MemoryStore._deny(hot, len(before), state, cost, now)
+            table[name] = state
+            before.append(old)
+            if state[1] < remaining:
+                remaining = state[1]
+        return -1, 0.0, remaining, NO_SHADOWS
+
+    @staticmethod
+    def _deny(hot: list, blocker: int, worst: float, cost: float, now: float) -> tuple:
+        for i in range(blocker + 1, len(hot)):
+            _, get, name, floor, unit, _, rule = hot[i]
+            wait = rule.wait(get(name), now, unit or cost, floor)
+            if wait > worst:
+                blocker, worst = i, wait
+        _, get, name, _, _, _, rule = hot[blocker]
+        return blocker, worst, rule.remaining(get(name), now), NO_SHADOWS
+
+    @staticmethod
+    def _decide(slots: list, cost: float, now: float, lease: str | None) -> tuple:
+        """Every path: shadow rules, rules that take in place, and denials."""
+        worst, blocker, shadows, found = 0.0, -1, NO_SHADOWS, []
         for i, (rule, table, name, floor, shadow, per_request) in enumerate(slots):
-            entry = table.get(name)
-            state = None if entry is None else entry[0]
-            states.append(state)
-            wait = rule.wait(state, now, 1.0 if per_request else cost, floor)
-            if wait > 0.0:
+            result = rule.attempt(table.get(name), now, 1.0 if per_request else cost, floor)
+            if result.__class__ is float:  # a wait: this rule does not fit
                 if shadow:
                     shadows += (i,)
-                elif wait > worst:
-                    worst, blocker = wait, i
+                elif result > worst:
+                    worst, blocker = result, i
+            found.append(result)
         if blocker >= 0:
-            return blocker, worst, slots[blocker][0].remaining(states[blocker], now), shadows
+            rule, table, name = slots[blocker][:3]
+            return blocker, worst, rule.remaining(table.get(name), now), shadows
         remaining = INFINITY
-        for i, (rule, table, name, floor, shadow, per_request) in enumerate(slots):
-            if shadow and i in shadows:
+        for (rule, table, name, _, shadow, per_request), state in zip(slots, found):
+            if state.__class__ is float:
                 continue  # a shadow rule that would deny takes nothing, as if it were enforced
-            entry = table[name] = rule.take(states[i], now, 1.0 if per_request else cost, lease)
-            if not shadow:
-                left = rule.remaining(entry[0], now)
-                if left < remaining:
-                    remaining = left
+            if state is DEFER:
+                state = rule.take(table.get(name), now, 1.0 if per_request else cost, lease)
+            table[name] = state
+            if state[1] < remaining and not shadow:
+                remaining = state[1]
         return -1, 0.0, remaining, shadows
 
     def explain(self, plan: MemoryPlan, cost: float, now: float) -> list[tuple[float, float]]:
         with _Locked(plan.locks):
             out = []
             for rule, table, name, floor, _, per_request in plan.slots:
-                state = self._state(table, name)
+                state = table.get(name)
                 wait = rule.wait(state, now, 1.0 if per_request else cost, floor)
                 out.append((wait, rule.remaining(state, now)))
             return out
 
     def inspect(self, plan: MemoryPlan, now: float) -> list[dict]:
         with _Locked(plan.locks):
-            return [rule.inspect(self._state(table, name), now)
-                    for rule, table, name, *_ in plan.slots]
+            return [rule.inspect(table.get(name), now) for rule, table, name, *_ in plan.slots]
 
     def release(self, plan: MemoryPlan, now: float, lease: str) -> int:
         released = 0
         with _Locked(plan.locks):
             for rule, table, name, *_ in plan.leased:
-                entry = rule.release(self._state(table, name), now, lease)
-                if entry is not None:
-                    table[name] = entry
+                state = rule.release(table.get(name), now, lease)
+                if state is not None:
+                    table[name] = state
                     released += 1
         return released
 
@@ -126,11 +170,6 @@ class MemoryStore(Store):
         with _Locked(plan.locks):
             for _, table, name, *_ in plan.slots:
                 table.pop(name, None)
-
-    @staticmethod
-    def _state(table: dict, name: str) -> Any:
-        entry = table.get(name)
-        return None if entry is None else entry[0]
 
     def sweep(self, now: float) -> int:
         """Drop every idle entry now; returns how many were dropped."""
@@ -146,7 +185,7 @@ class MemoryStore(Store):
     def _sweep_shard(self, shard: int, now: float) -> int:
         table = self._tables[shard]
         with self._locks[shard]:
-            idle = [name for name, (_, idle_at) in table.items() if idle_at <= now]
+            idle = [name for name, state in table.items() if state[0] <= now]
             for name in idle:
                 del table[name]
         return len(idle)
