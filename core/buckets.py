@@ -43,7 +43,15 @@ class TokenBucket(Rule):
         return tokens
 
     def wait(self, state, now, cost, floor):
-        missing = cost + floor - self._tokens(state, now)
+        if state is None:
+            tokens = self.capacity
+        else:  # _tokens(), written out: this runs on every denial
+            _, tokens, updated = state
+            if now > updated:
+                tokens += (now - updated) * self.rate
+                if tokens > self.capacity:
+                    tokens = self.capacity
+        missing = cost + floor - tokens
         if missing <= EPSILON:
             return 0.0
         if cost + floor > self.capacity or not self.rate:
@@ -63,14 +71,21 @@ class TokenBucket(Rule):
                     tokens = capacity
                 updated = now
         left = tokens - cost
-        if left - floor < -EPSILON:
-            return self.wait(state, now, cost, floor) or EPSILON
+        if left - floor < -EPSILON:  # denied: the wait, as wait() would find it
+            if cost + floor > capacity or not self.rate:
+                return math.inf
+            return (floor - left) * self.refill_time or EPSILON
         if self.refill_time:
             return updated + (capacity - left) * self.refill_time, left, updated
         return updated + MAX_IDLE_SECONDS, left, updated
 
     def remaining(self, state, now):
-        return max(0.0, self._tokens(state, now))
+        if state is None:
+            return self.capacity
+        _, tokens, updated = state  # _tokens(), written out: this runs on every denial
+        if now > updated:
+            tokens += (now - updated) * self.rate
+        return self.capacity if tokens > self.capacity else max(0.0, tokens)
 
     def inspect(self, state, now):
         tokens = self._tokens(state, now)

@@ -120,9 +120,12 @@ class HierarchicalLimiter:
         if cost > plan.lean_max_cost:
             return self._acquire_slowly(plan, cost)
         blocker, wait, remaining, shadows = plan.decide(plan.store_plan, cost, self.clock(), None)
-        if blocker < 0 and not shadows:
+        if shadows:
+            return self._outcome(plan, blocker, wait, remaining, shadows, None)
+        if blocker < 0:
             return _make(Decision, (True, 0.0, None, OK, remaining, False, None, NO_NAMES))
-        return self._outcome(plan, blocker, wait, remaining, shadows, None)
+        return _make(Decision, (False, wait, plan.names[blocker], plan.reasons[blocker],
+                                remaining, False, None, NO_NAMES))
 
     def _acquire_slowly(self, plan: Plan, cost: float) -> Decision:
         """Every case the lean path leaves out: a cost that never fits, stateless rules,

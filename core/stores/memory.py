@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Sequence
+from functools import partial
+from typing import Any, Callable, Sequence
 
 from ..rules import DEFER, Rule
 from .base import Check, Outcome, Store
@@ -27,20 +28,61 @@ SWEEP_MIN_WRITES = 256
 class MemoryPlan:
     """One key set, resolved: per check its rule, table and state name, plus the locks.
 
-    `hot` holds the same checks with their methods bound ahead, for the lean path.
+    `lean` is the decision compiled for this plan (see `compile_lean`), when it has no
+    shadow rule and no rule that changes its state in place; `slots` serves every path.
     """
 
-    __slots__ = ("slots", "hot", "locks", "leased")
+    __slots__ = ("slots", "lean", "locks", "leased")
 
     def __init__(self, slots: list, locks: list) -> None:
         self.slots = slots
         self.locks = locks
         self.leased = [s for s in slots if s[0].leased]
-        # The lean path writes as it goes and undoes on a denial, so it cannot serve rules
-        # that change their state in place (they defer their take) or shadow rules.
-        lean = all(type(s[0]).attempt is not Rule.attempt and not s[4] for s in slots)
-        self.hot = [(rule.attempt, table.get, name, floor, 1.0 if per_request else None, table, rule)
-                    for rule, table, name, floor, _, per_request in slots] if lean else None
+        simple = all(type(s[0]).attempt is not Rule.attempt and not s[4] for s in slots)
+        self.lean = compile_lean(slots) if simple else None
+
+
+def compile_lean(slots: list) -> Callable[[float, float], tuple]:
+    """The decision for these slots as straight-line code: ask each rule in turn, stop at
+    the first that does not fit, and write the new states only once all fit.
+
+    This is the hot path of every in-process decision. Written out, it costs about a
+    third less than a loop over the slots: no loop, no list of results, every name a
+    closure variable. The code is generated once per shape of plan (how many slots, and
+    which count requests); the generated source holds only slot numbers, never a value.
+    """
+    shape = tuple(per_request for *_, per_request in slots)
+    make = _LEAN_MAKERS.get(shape) or _LEAN_MAKERS.setdefault(shape, _lean_maker(shape))
+    values = [deny_after(slots)]
+    for rule, table, name, floor, _, _ in slots:
+        values += [rule.attempt, table.get, table, name, floor]
+    return make(*values)
+
+
+_LEAN_MAKERS: dict[tuple, Callable] = {}
+
+
+def _lean_maker(shape: tuple) -> Callable:
+    params = ["deny"]
+    lines = []
+    for i, per_request in enumerate(shape):
+        params += [f"a{i}", f"g{i}", f"t{i}", f"n{i}", f"f{i}"]
+        cost = "1.0" if per_request else "cost"
+        lines += [f"        s{i} = a{i}(g{i}(n{i}), now, {cost}, f{i})",
+                  f"        if s{i}.__class__ is float: return deny({i}, s{i}, cost, now)"]
+    lines += [f"        t{i}[n{i}] = s{i}" for i in range(len(shape))]
+    lines += ["        left = INFINITY"]
+    lines += [f"        if s{i}[1] < left: left = s{i}[1]" for i in range(len(shape))]
+    lines += ["        return -1, 0.0, left, NO_SHADOWS"]
+    source = (f"def make({', '.join(params)}):\n    def decide(cost, now):\n"
+              + "\n".join(lines) + "\n    return decide")
+    namespace: dict[str, Any] = {"INFINITY": INFINITY, "NO_SHADOWS": NO_SHADOWS}
+    exec(source, namespace)
+    return namespace["make"]
+
+
+def deny_after(slots: list) -> Callable[[int, float, float, float], tuple]:
+    return partial(MemoryStore._deny, slots)
 
 
 class MemoryStore(Store):
@@ -68,14 +110,14 @@ class MemoryStore(Store):
         return MemoryPlan(slots, [self._locks[i] for i in sorted(shards)])
 
     def decide(self, plan: MemoryPlan, cost: float, now: float, lease: str | None) -> Outcome:
-        locks = plan.locks
+        locks, lean = plan.locks, plan.lean
         for lock in locks:
             lock.acquire()
         try:
-            if plan.hot:
-                outcome = self._take_all(plan.hot, cost, now)
-            else:
+            if lean is None:
                 outcome = self._decide(plan.slots, cost, now, lease)
+            else:
+                outcome = lean(cost, now)
         finally:
             for lock in locks:
                 lock.release()
@@ -86,36 +128,15 @@ class MemoryStore(Store):
         return outcome
 
     @staticmethod
-    def _take_all(hot: list, cost: float, now: float) -> tuple | None:
-        """The common case, kept lean: write each rule's new state as soon as it fits, and
-        undo them all at the first rule that does not (the locks are held, so nobody sees
-        the difference); then only the rules not yet asked can have a longer wait."""
-        remaining, before = INFINITY, []
-        for attempt, get, name, floor, unit, table, _ in hot:
-            old = get(name)
-            state = attempt(old, now, unit or cost, floor)
-            if state.__class__ is float:
-                for (_, _, name, _, _, table, _), old in zip(hot, before):
-                    if old is None:
-                        del table[name]
-                    else:
-                        table[name] = old
-                return MemoryStore._deny(hot, len(before), state, cost, now)
-            table[name] = state
-            before.append(old)
-            if state[1] < remaining:
-                remaining = state[1]
-        return -1, 0.0, remaining, NO_SHADOWS
-
-    @staticmethod
-    def _deny(hot: list, blocker: int, worst: float, cost: float, now: float) -> tuple:
-        for i in range(blocker + 1, len(hot)):
-            _, get, name, floor, unit, _, rule = hot[i]
-            wait = rule.wait(get(name), now, unit or cost, floor)
+    def _deny(slots: list, blocker: int, worst: float, cost: float, now: float) -> tuple:
+        """A lean decision stopped at `blocker`: only the rules after it can wait longer."""
+        for i in range(blocker + 1, len(slots)):
+            rule, table, name, floor, _, per_request = slots[i]
+            wait = rule.wait(table.get(name), now, 1.0 if per_request else cost, floor)
             if wait > worst:
                 blocker, worst = i, wait
-        _, get, name, _, _, _, rule = hot[blocker]
-        return blocker, worst, rule.remaining(get(name), now), NO_SHADOWS
+        rule, table, name = slots[blocker][:3]
+        return blocker, worst, rule.remaining(table.get(name), now), NO_SHADOWS
 
     @staticmethod
     def _decide(slots: list, cost: float, now: float, lease: str | None) -> tuple:
