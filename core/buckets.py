@@ -7,12 +7,19 @@ import math
 from .params import Param, _number
 from .rules import EPSILON, MAX_IDLE_SECONDS, Rule, register
 
+MICRO = 1_000_000
+
 
 @register("token_bucket")
 class TokenBucket(Rule):
     """Holds up to `capacity` tokens and refills lazily at `per_second`.
 
-    State: (idle_at, tokens, updated); the tokens are also the room left.
+    State: (idle_at, remaining, full_at), where full_at is the time, in whole microseconds,
+    at which the bucket is full again: tokens = capacity - (full_at - now) x rate. One
+    integer is all a store must keep (on Redis, an integer-encoded string, the smallest
+    value there is). Keeping time to the microsecond means a bucket refilling faster than
+    1,000,000 tokens a second rounds by up to half a token a take; we accept it for the
+    memory. A bucket that never refills keeps the tokens spent instead, for 24 h.
     """
 
     params = (
@@ -25,9 +32,6 @@ class TokenBucket(Rule):
     def setup(self) -> None:
         self.capacity = float(self.capacity)
         self.rate = float(self.per_second)
-        # Seconds per token, to find when the bucket is full again; a bucket that never
-        # refills is kept for MAX_IDLE_SECONDS after its last take.
-        self.refill_time = 1.0 / self.rate if self.rate else 0.0
 
     def describe(self) -> str:
         return f"token_bucket({_number(self.capacity)}, {_number(self.rate)}/s)"
@@ -35,23 +39,13 @@ class TokenBucket(Rule):
     def _tokens(self, state, now: float) -> float:
         if state is None:
             return self.capacity
-        _, tokens, updated = state
-        if now > updated:
-            tokens += (now - updated) * self.rate
-            if tokens > self.capacity:
-                return self.capacity
-        return tokens
+        if not self.rate:
+            return self.capacity - state[2]
+        ahead = state[2] / MICRO - now
+        return self.capacity - ahead * self.rate if ahead > 0 else self.capacity
 
     def wait(self, state, now, cost, floor):
-        if state is None:
-            tokens = self.capacity
-        else:  # _tokens(), written out: this runs on every denial
-            _, tokens, updated = state
-            if now > updated:
-                tokens += (now - updated) * self.rate
-                if tokens > self.capacity:
-                    tokens = self.capacity
-        missing = cost + floor - tokens
+        missing = cost + floor - self._tokens(state, now)
         if missing <= EPSILON:
             return 0.0
         if cost + floor > self.capacity or not self.rate:
@@ -59,33 +53,29 @@ class TokenBucket(Rule):
         return missing / self.rate
 
     def attempt(self, state, now, cost, floor):
-        # The hot path: refill once, and hand back the state to store if all rules agree.
-        capacity = self.capacity
-        if state is None:
-            tokens, updated = capacity, now
-        else:
-            _, tokens, updated = state
-            if now > updated:  # a clock that steps back must not refill an interval twice
-                tokens += (now - updated) * self.rate
-                if tokens > capacity:
-                    tokens = capacity
-                updated = now
-        left = tokens - cost
+        # The hot path: one call does phase 1's arithmetic and phase 2's new state.
+        rate = self.rate
+        if not rate:
+            return self._attempt_without_refill(state, now, cost, floor)
+        full_at = state[2] / MICRO if state is not None else now
+        start = full_at if full_at > now else now
+        left = self.capacity - (start - now) * rate - cost
         if left - floor < -EPSILON:  # denied: the wait, as wait() would find it
-            if cost + floor > capacity or not self.rate:
+            if cost + floor > self.capacity:
                 return math.inf
-            return (floor - left) * self.refill_time or EPSILON
-        if self.refill_time:
-            return updated + (capacity - left) * self.refill_time, left, updated
-        return updated + MAX_IDLE_SECONDS, left, updated
+            return (floor - left) / rate or EPSILON
+        full_at = math.floor((start + cost / rate) * MICRO + 0.5)
+        return full_at / MICRO, left, full_at
+
+    def _attempt_without_refill(self, state, now, cost, floor):
+        spent = (state[2] if state is not None else 0.0) + cost
+        left = self.capacity - spent
+        if left - floor < -EPSILON:
+            return math.inf
+        return now + MAX_IDLE_SECONDS, left, spent
 
     def remaining(self, state, now):
-        if state is None:
-            return self.capacity
-        _, tokens, updated = state  # _tokens(), written out: this runs on every denial
-        if now > updated:
-            tokens += (now - updated) * self.rate
-        return self.capacity if tokens > self.capacity else max(0.0, tokens)
+        return max(0.0, self._tokens(state, now))
 
     def inspect(self, state, now):
         tokens = self._tokens(state, now)
@@ -98,12 +88,12 @@ class TokenBucket(Rule):
 
 
 @register("gcra")
-class GCRA(Rule):
+class GCRA(TokenBucket):
     """Generic cell rate algorithm: `rate` per second with bursts of `burst`.
 
-    State: (tat, room), where tat, the theoretical arrival time, is also when the key goes
-    idle. It admits exactly what a token bucket of capacity `burst` refilling at `rate`
-    admits, with one timestamp of state.
+    Its one timestamp of state, the theoretical arrival time, is the token bucket's
+    full_at: GCRA admits exactly what a token bucket of capacity `burst` refilling at
+    `rate` admits, so it shares the token bucket's arithmetic (and its Lua).
     """
 
     params = (
@@ -115,35 +105,7 @@ class GCRA(Rule):
 
     def setup(self) -> None:
         self.capacity = float(self.burst)
-        self.interval = 1.0 / self.rate
+        self.rate = float(self.rate)
 
     def describe(self) -> str:
         return f"gcra({_number(self.rate)}/s, burst {_number(self.burst)})"
-
-    def _used(self, state, now: float) -> float:
-        """Cost still outstanding: how far the TAT runs ahead of now, times the rate."""
-        return (state[0] - now) * self.rate if state is not None and state[0] > now else 0.0
-
-    def wait(self, state, now, cost, floor):
-        over = self._used(state, now) + cost + floor - self.capacity
-        if over <= EPSILON:
-            return 0.0
-        if cost + floor > self.capacity:
-            return math.inf
-        return over * self.interval
-
-    def attempt(self, state, now, cost, floor):
-        start = state[0] if state is not None and state[0] > now else now
-        tat = start + cost * self.interval
-        left = self.capacity - (tat - now) * self.rate
-        if left - floor < -EPSILON:
-            return self.wait(state, now, cost, floor) or EPSILON
-        return tat, left
-
-    def remaining(self, state, now):
-        return max(0.0, self.capacity - self._used(state, now))
-
-    def inspect(self, state, now):
-        used = self._used(state, now)
-        return {"tokens": max(0.0, self.capacity - used), "capacity": self.capacity,
-                "remaining": max(0.0, self.capacity - used), "full_in": used * self.interval}
