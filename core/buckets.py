@@ -7,17 +7,15 @@ import math
 from .params import Param, _number
 from .rules import EPSILON, MAX_IDLE_SECONDS, Rule, register
 
-MICRO = 1_000_000
-
 
 @register("token_bucket")
 class TokenBucket(Rule):
     """Holds up to `capacity` tokens and refills lazily at `per_second`.
 
-    State: (idle_at, remaining, full_at), where full_at is the time, in whole microseconds,
-    at which the bucket is full again: tokens = capacity - (full_at - now) x rate. One
-    integer is all a store must keep (on Redis, an integer-encoded string, the smallest
-    value there is). Keeping time to the microsecond means a bucket refilling faster than
+    State: (full_at, remaining), where full_at, also the time the key goes idle, is when
+    the bucket is full again, on a grid of whole microseconds: tokens = capacity -
+    (full_at - now) x rate. One integer is all a store must keep (on Redis, an
+    integer-encoded string, the smallest value there is). Keeping time to the microsecond means a bucket refilling faster than
     1,000,000 tokens a second rounds by up to half a token a take; we accept it for the
     memory. A bucket that never refills keeps the tokens spent instead, for 24 h.
     """
@@ -41,7 +39,7 @@ class TokenBucket(Rule):
             return self.capacity
         if not self.rate:
             return self.capacity - state[2]
-        ahead = state[2] / MICRO - now
+        ahead = state[0] - now
         return self.capacity - ahead * self.rate if ahead > 0 else self.capacity
 
     def wait(self, state, now, cost, floor):
@@ -57,15 +55,15 @@ class TokenBucket(Rule):
         rate = self.rate
         if not rate:
             return self._attempt_without_refill(state, now, cost, floor)
-        full_at = state[2] / MICRO if state is not None else now
-        start = full_at if full_at > now else now
+        start = state[0] if state is not None and state[0] > now else now
         left = self.capacity - (start - now) * rate - cost
         if left - floor < -EPSILON:  # denied: the wait, as wait() would find it
             if cost + floor > self.capacity:
                 return math.inf
             return (floor - left) / rate or EPSILON
-        full_at = math.floor((start + cost / rate) * MICRO + 0.5)
-        return full_at / MICRO, left, full_at
+        # full_at on the microsecond grid: the one number the Redis store keeps, as an
+        # integer, and from which it computes this same double.
+        return ((start + cost / rate) * 1e6 + 0.5) // 1 * 1e-6, left
 
     def _attempt_without_refill(self, state, now, cost, floor):
         spent = (state[2] if state is not None else 0.0) + cost

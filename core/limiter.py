@@ -13,67 +13,23 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections import namedtuple
 from operator import itemgetter
 from typing import Any, Callable, Mapping
 
 from .config import PriorityClass, parse_levels, parse_priorities
+from .decision import (COST_EXCEEDS_LIMIT, INFINITY, NO_NAMES, OK, RATE_LIMITED, Decision,
+                       _make)
 from .errors import InvalidRequest
 from .params import LARGEST_NUMBER
 from .rules import Rule
 from .stores import Check, MemoryStore, Store
 
-INFINITY = math.inf
-NO_NAMES: tuple[str, ...] = ()
-OK, RATE_LIMITED, COST_EXCEEDS_LIMIT = "OK", "RATE_LIMITED", "COST_EXCEEDS_LIMIT"
 # About 2 KB a plan, so at most ~40 MB; a key set beyond that costs a rebuild (~20 us).
 PLAN_CACHE_SIZE = 20_000
 _NUMBER_TYPES = (int, float)
 
 _lease_prefix = os.urandom(6).hex()
 _lease_numbers = itertools.count(1)
-
-
-_DECISION_FIELDS = ("allowed", "retry_after", "blocked_by", "reason", "remaining", "degraded",
-                    "lease", "shadow_blocked")
-
-
-class Decision(namedtuple("DecisionFields", _DECISION_FIELDS,
-                          defaults=(0.0, None, OK, INFINITY, False, None, NO_NAMES))):
-    """The answer to "may this request go?".
-
-    allowed: whether it may go now. retry_after: seconds to wait, 0 when allowed,
-    math.inf when it can never fit. blocked_by: "level: rule", the rule with the longest
-    wait. reason: "OK", the blocking rule's label, RATE_LIMITED or COST_EXCEEDS_LIMIT.
-    remaining: the tightest rule's room after this decision. degraded: decided by a fail
-    mode because the store was down. lease: hand it to `release()` when a concurrency slot
-    was taken. shadow_blocked: the shadow rules that would have denied.
-    """
-
-    __slots__ = ()
-
-    def as_dict(self) -> dict:
-        return dict(zip(_DECISION_FIELDS, self))
-
-    def __eq__(self, other: object) -> bool:
-        # Lease ids are unique by design, so two decisions alike in all else are equal.
-        if not isinstance(other, Decision):
-            return NotImplemented
-        return self[:6] == other[:6] and self[7] == other[7]
-
-    def __ne__(self, other: object) -> bool:
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
-
-    __hash__ = tuple.__hash__
-
-    def __repr__(self) -> str:
-        if self.allowed:
-            return f"<Decision allowed remaining={self.remaining!r}>"
-        return f"<Decision denied {self.reason} by {self.blocked_by!r} retry_after={self.retry_after!r}>"
-
-
-_make = tuple.__new__  # builds a Decision from a full tuple without a Python-level __init__
 
 
 class Plan:
@@ -112,15 +68,18 @@ class HierarchicalLimiter:
 
     def acquire(self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None) -> Decision:
         """Decide one request: take `cost` at every level named in `keys`, or nothing at all."""
-        if cost.__class__ not in _NUMBER_TYPES or not 0 < cost <= LARGEST_NUMBER:
+        if cost.__class__ not in _NUMBER_TYPES:
             _refuse_cost(cost)
         try:
             plan = self._plans[priority][self._signature(keys)]
         except (KeyError, AttributeError, TypeError):
             plan = self._plan(keys, priority)
-        if cost > plan.lean_max_cost:
+        if not 0 < cost <= plan.lean_max_cost:  # also false for NaN
             return self._acquire_slowly(plan, cost)
-        blocker, wait, remaining, shadows = plan.decide(plan.store_plan, cost, self.clock(), None)
+        outcome = plan.decide(cost, self.clock(), None)
+        if outcome.__class__ is Decision:
+            return outcome  # the store built the plain allowed decision itself
+        blocker, wait, remaining, shadows = outcome
         if shadows:
             return self._outcome(plan, blocker, wait, remaining, shadows, None)
         if blocker < 0:
@@ -129,8 +88,10 @@ class HierarchicalLimiter:
                                 remaining, False, None, NO_NAMES))
 
     def _acquire_slowly(self, plan: Plan, cost: float) -> Decision:
-        """Every case the lean path leaves out: a cost that never fits, stateless rules,
-        and concurrency leases."""
+        """Every case the lean path leaves out: a bad cost, a cost that never fits,
+        stateless rules, and concurrency leases."""
+        if not 0 < cost <= LARGEST_NUMBER:
+            _refuse_cost(cost)
         if cost > plan.max_cost:
             return self._too_big(plan)
         now = self.clock()
@@ -138,7 +99,8 @@ class HierarchicalLimiter:
         if denial is not None:
             return denial
         lease = f"{_lease_prefix}-{next(_lease_numbers):x}" if plan.leased else None
-        decision = self._outcome(plan, *plan.decide(plan.store_plan, cost, now, lease), lease)
+        outcome = plan.decide(cost, now, lease)
+        decision = outcome if outcome.__class__ is Decision else self._outcome(plan, *outcome, lease)
         return decision._replace(shadow_blocked=decision.shadow_blocked + shadowed) if shadowed else decision
 
     @staticmethod
@@ -235,9 +197,10 @@ class HierarchicalLimiter:
                   for i, (check, _) in enumerate(stateful + stateless) if not check.rule.shadow]
         plan.max_cost, plan.too_big = min(limits, default=(INFINITY, -1))
         # The lean path in acquire() serves plans with nothing but stateful, unleased rules.
-        plan.lean_max_cost = -INFINITY if plan.leased or plan.stateless else plan.max_cost
+        lean = not (plan.leased or plan.stateless)
+        plan.lean_max_cost = min(plan.max_cost, LARGEST_NUMBER) if lean else -INFINITY
         plan.store_plan = self.store.prepare(plan.checks)
-        plan.decide = self.store.decide
+        plan.decide = self.store.decider(plan.store_plan)
         return plan
 
     def _too_big(self, plan: Plan) -> Decision:

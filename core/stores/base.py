@@ -8,7 +8,8 @@ locks of the keys involved. Everything the limiter does per key set is prepared 
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from functools import partial
+from typing import Any, Callable, NamedTuple, Sequence
 
 from ..rules import Rule
 
@@ -23,7 +24,9 @@ class Check(NamedTuple):
 
 
 class Outcome(NamedTuple):
-    """What `decide` found. `blocker` is the index of the check that denied, or -1."""
+    """What `decide` found. `blocker` is the index of the check that denied, or -1.
+    A store may instead return the finished Decision for a plain allowed decision
+    (`core.decision.allowed(remaining)`), which saves the limiter a step."""
 
     blocker: int
     wait: float
@@ -44,6 +47,11 @@ class Store:
     def decide(self, plan: Any, cost: float, now: float, lease: str | None) -> Outcome:
         """Check every rule, then take `cost` from all of them or from none."""
         raise NotImplementedError(f"{type(self).__name__} must implement decide()")
+
+    def decider(self, plan: Any) -> Callable[[float, float, str | None], Outcome]:
+        """`decide` bound to one plan: what the limiter calls per decision. A store may
+        return something faster than the default for plans it knows to be simple."""
+        return partial(self.decide, plan)
 
     def explain(self, plan: Any, cost: float, now: float) -> list[tuple[float, float]]:
         """(wait, remaining) of every check, consuming nothing."""

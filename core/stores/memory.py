@@ -17,6 +17,7 @@ import time
 from functools import partial
 from typing import Any, Callable, Sequence
 
+from ..decision import NO_NAMES, OK, Decision, allowed
 from ..rules import DEFER, Rule
 from .base import Check, Outcome, Store
 
@@ -34,26 +35,29 @@ class MemoryPlan:
 
     __slots__ = ("slots", "lean", "locks", "leased")
 
-    def __init__(self, slots: list, locks: list) -> None:
+    def __init__(self, slots: list, locks: list, store: "MemoryStore") -> None:
         self.slots = slots
         self.locks = locks
         self.leased = [s for s in slots if s[0].leased]
         simple = all(type(s[0]).attempt is not Rule.attempt and not s[4] for s in slots)
-        self.lean = compile_lean(slots) if simple else None
+        self.lean = compile_lean(slots, locks, store) if simple else None
 
 
-def compile_lean(slots: list) -> Callable[[float, float], tuple]:
-    """The decision for these slots as straight-line code: ask each rule in turn, stop at
-    the first that does not fit, and write the new states only once all fit.
+def compile_lean(slots: list, locks: list, store: "MemoryStore") -> Callable[..., tuple]:
+    """The decision for these slots as straight-line code: take the locks, ask each rule in
+    turn, stop at the first that does not fit, write the new states only once all fit.
 
     This is the hot path of every in-process decision. Written out, it costs about a
-    third less than a loop over the slots: no loop, no list of results, every name a
-    closure variable. The code is generated once per shape of plan (how many slots, and
-    which count requests); the generated source holds only slot numbers, never a value.
+    third less than loops over the locks and slots: no loop, no list of results, every
+    name a closure variable. The code is generated once per shape of plan (how many locks
+    and slots, which slots count requests); its source holds only numbers, never a value.
     """
-    shape = tuple(per_request for *_, per_request in slots)
-    make = _LEAN_MAKERS.get(shape) or _LEAN_MAKERS.setdefault(shape, _lean_maker(shape))
-    values = [deny_after(slots)]
+    if not slots:
+        return lambda cost, now, lease=None: allowed(INFINITY)
+    shape = (len(locks), tuple(per_request for *_, per_request in slots))
+    make = _LEAN_MAKERS.get(shape) or _LEAN_MAKERS.setdefault(shape, _lean_maker(*shape))
+    values = [deny_after(slots), store._writes, store._sweep_next]
+    values += [lock.acquire for lock in locks] + [lock.release for lock in locks]
     for rule, table, name, floor, _, _ in slots:
         values += [rule.attempt, table.get, table, name, floor]
     return make(*values)
@@ -62,21 +66,24 @@ def compile_lean(slots: list) -> Callable[[float, float], tuple]:
 _LEAN_MAKERS: dict[tuple, Callable] = {}
 
 
-def _lean_maker(shape: tuple) -> Callable:
-    params = ["deny"]
-    lines = []
-    for i, per_request in enumerate(shape):
+def _lean_maker(locks: int, counts_requests: tuple) -> Callable:
+    params = ["deny", "writes", "sweep"] + [f"lock{j}" for j in range(locks)] + [f"unlock{j}" for j in range(locks)]
+    lines = [f"        lock{j}()" for j in range(locks)] + ["        try:"]
+    for i, per_request in enumerate(counts_requests):
         params += [f"a{i}", f"g{i}", f"t{i}", f"n{i}", f"f{i}"]
         cost = "1.0" if per_request else "cost"
-        lines += [f"        s{i} = a{i}(g{i}(n{i}), now, {cost}, f{i})",
-                  f"        if s{i}.__class__ is float: return deny({i}, s{i}, cost, now)"]
-    lines += [f"        t{i}[n{i}] = s{i}" for i in range(len(shape))]
+        lines += [f"            s{i} = a{i}(g{i}(n{i}), now, {cost}, f{i})",
+                  f"            if s{i}.__class__ is float: return deny({i}, s{i}, cost, now)"]
+    lines += [f"            t{i}[n{i}] = s{i}" for i in range(len(counts_requests))]
+    lines += ["            pass", "        finally:"] + [f"            unlock{j}()" for j in reversed(range(locks))]
+    lines += ["        writes[0] += 1", "        if writes[0] >= writes[1]: sweep(now)"]
     lines += ["        left = INFINITY"]
-    lines += [f"        if s{i}[1] < left: left = s{i}[1]" for i in range(len(shape))]
-    lines += ["        return -1, 0.0, left, NO_SHADOWS"]
-    source = (f"def make({', '.join(params)}):\n    def decide(cost, now):\n"
+    lines += [f"        if s{i}[1] < left: left = s{i}[1]" for i in range(len(counts_requests))]
+    lines += ["        return new(Decision, (True, 0.0, None, OK, left, False, None, NO_NAMES))"]
+    source = (f"def make({', '.join(params)}):\n    def decide(cost, now, lease=None):\n"
               + "\n".join(lines) + "\n    return decide")
-    namespace: dict[str, Any] = {"INFINITY": INFINITY, "NO_SHADOWS": NO_SHADOWS}
+    namespace: dict[str, Any] = {"INFINITY": INFINITY, "new": tuple.__new__, "Decision": Decision,
+                                 "OK": OK, "NO_NAMES": NO_NAMES}
     exec(source, namespace)
     return namespace["make"]
 
@@ -93,8 +100,9 @@ class MemoryStore(Store):
     def __init__(self, shards: int = 64) -> None:
         self._locks = [threading.Lock() for _ in range(shards)]
         self._tables: list[dict[str, Any]] = [{} for _ in range(shards)]
-        self._writes = 0
-        self._sweep_at = SWEEP_MIN_WRITES
+        # [writes so far, the count at which the next shard is swept]: a list, so that
+        # the compiled decisions can count in it too.
+        self._writes = [0, SWEEP_MIN_WRITES]
         self._next_shard = 0
 
     def __len__(self) -> int:
@@ -107,25 +115,21 @@ class MemoryStore(Store):
             shard = hash(name) % len(self._tables)
             shards.add(shard)
             slots.append((rule, self._tables[shard], name, floor, rule.shadow, rule.counts_requests))
-        return MemoryPlan(slots, [self._locks[i] for i in sorted(shards)])
+        return MemoryPlan(slots, [self._locks[i] for i in sorted(shards)], self)
 
     def decide(self, plan: MemoryPlan, cost: float, now: float, lease: str | None) -> Outcome:
-        locks, lean = plan.locks, plan.lean
-        for lock in locks:
-            lock.acquire()
-        try:
-            if lean is None:
-                outcome = self._decide(plan.slots, cost, now, lease)
-            else:
-                outcome = lean(cost, now)
-        finally:
-            for lock in locks:
-                lock.release()
+        if plan.lean is not None:
+            return plan.lean(cost, now)  # takes the locks and counts the write itself
+        with _Locked(plan.locks):
+            outcome = self._decide(plan.slots, cost, now, lease)
         if outcome[0] < 0:
-            self._writes += 1
-            if self._writes >= self._sweep_at:
+            self._writes[0] += 1
+            if self._writes[0] >= self._writes[1]:
                 self._sweep_next(now)
         return outcome
+
+    def decider(self, plan: MemoryPlan) -> Callable[[float, float, str | None], Outcome]:
+        return plan.lean or partial(self.decide, plan)
 
     @staticmethod
     def _deny(slots: list, blocker: int, worst: float, cost: float, now: float) -> tuple:
@@ -201,7 +205,7 @@ class MemoryStore(Store):
         shard = self._next_shard
         self._next_shard = (shard + 1) % len(self._tables)
         self._sweep_shard(shard, now)
-        self._sweep_at = self._writes + max(SWEEP_MIN_WRITES, len(self._tables[shard]) // 2)
+        self._writes[1] = self._writes[0] + max(SWEEP_MIN_WRITES, len(self._tables[shard]) // 2)
 
     def _sweep_shard(self, shard: int, now: float) -> int:
         table = self._tables[shard]

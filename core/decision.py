@@ -1,0 +1,57 @@
+"""The decision: the answer to "may this request go?"."""
+
+from __future__ import annotations
+
+import math
+from collections import namedtuple
+
+OK, RATE_LIMITED, COST_EXCEEDS_LIMIT = "OK", "RATE_LIMITED", "COST_EXCEEDS_LIMIT"
+NO_NAMES: tuple[str, ...] = ()
+INFINITY = math.inf
+
+_DECISION_FIELDS = ("allowed", "retry_after", "blocked_by", "reason", "remaining", "degraded",
+                    "lease", "shadow_blocked")
+
+
+class Decision(namedtuple("DecisionFields", _DECISION_FIELDS,
+                          defaults=(0.0, None, OK, INFINITY, False, None, NO_NAMES))):
+    """The answer to "may this request go?".
+
+    allowed: whether it may go now. retry_after: seconds to wait, 0 when allowed,
+    math.inf when it can never fit. blocked_by: "level: rule", the rule with the longest
+    wait. reason: "OK", the blocking rule's label, RATE_LIMITED or COST_EXCEEDS_LIMIT.
+    remaining: the tightest rule's room after this decision. degraded: decided by a fail
+    mode because the store was down. lease: hand it to `release()` when a concurrency slot
+    was taken. shadow_blocked: the shadow rules that would have denied.
+    """
+
+    __slots__ = ()
+
+    def as_dict(self) -> dict:
+        return dict(zip(_DECISION_FIELDS, self))
+
+    def __eq__(self, other: object) -> bool:
+        # Lease ids are unique by design, so two decisions alike in all else are equal.
+        if not isinstance(other, Decision):
+            return NotImplemented
+        return self[:6] == other[:6] and self[7] == other[7]
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = tuple.__hash__
+
+    def __repr__(self) -> str:
+        if self.allowed:
+            return f"<Decision allowed remaining={self.remaining!r}>"
+        return f"<Decision denied {self.reason} by {self.blocked_by!r} retry_after={self.retry_after!r}>"
+
+
+# Builds a Decision from a full tuple without a Python-level __init__.
+_make = tuple.__new__
+
+
+def allowed(remaining: float) -> Decision:
+    """The plain allowed decision, built the fast way (the hot path's)."""
+    return _make(Decision, (True, 0.0, None, OK, remaining, False, None, NO_NAMES))
