@@ -27,6 +27,8 @@ class TokenBucket(Rule):
               minimum=0),
     )
 
+    scaled_params = ("capacity", "per_second")
+
     def setup(self) -> None:
         self.capacity = float(self.capacity)
         self.rate = float(self.per_second)
@@ -57,10 +59,8 @@ class TokenBucket(Rule):
             return self._attempt_without_refill(state, now, cost, floor)
         start = state[0] if state is not None and state[0] > now else now
         left = self.capacity - (start - now) * rate - cost
-        if left - floor < -EPSILON:  # denied: the wait, as wait() would find it
-            if cost + floor > self.capacity:
-                return math.inf
-            return (floor - left) / rate or EPSILON
+        if left - floor < -EPSILON:  # denied: wait() alone says how long, on every path
+            return self.wait(state, now, cost, floor) or EPSILON
         # full_at on the microsecond grid: the one number the Redis store keeps, as an
         # integer, and from which it computes this same double.
         return ((start + cost / rate) * 1e6 + 0.5) // 1 * 1e-6, left
@@ -100,6 +100,8 @@ class GCRA(TokenBucket):
         Param("burst", help="How much may go at once after a quiet spell.",
               minimum=0, exclusive_minimum=True),
     )
+
+    scaled_params = ("rate", "burst")
 
     def setup(self) -> None:
         self.capacity = float(self.burst)

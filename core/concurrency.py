@@ -19,6 +19,7 @@ class Concurrency(Rule):
 
     leased = True
     counts_requests = True
+    scaled_params = ("limit",)
     params = (
         Param("limit", kind="integer", help="Most requests in flight at once.", minimum=1,
               maximum=1_000_000),

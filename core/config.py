@@ -88,3 +88,46 @@ def _priority(name: Any, spec: Any, level_names: tuple[str, ...]) -> PriorityCla
             known = ", ".join(level_names)
             raise ConfigError(f"unknown level {level!r} (known: {known})", f"{path}.levels[{i}]")
     return PriorityClass(name, float(watermark), frozenset(levels))
+
+
+FAIL_MODES = ("open", "closed", "local")
+DEFAULT_FALLBACK_FRACTION = 0.25
+
+
+@dataclass(frozen=True)
+class FailMode:
+    """What a level does while the store is unreachable: allow (`open`), deny (`closed`),
+    or decide in process at `fallback_fraction` of its limits (`local`)."""
+
+    mode: str = "open"
+    fallback_fraction: float = DEFAULT_FALLBACK_FRACTION
+
+
+def parse_fail_modes(config: Any, level_names: tuple[str, ...]) -> dict[str, FailMode]:
+    """`{level: "open" | "closed" | "local" | {"fail_mode": ..., "fallback_fraction": ...}}`;
+    a level left out fails open."""
+    if config is None:
+        config = {}
+    if not isinstance(config, Mapping):
+        raise ConfigError("must map level names to fail modes", "fail_modes")
+    for level in config:
+        if level not in level_names:
+            raise ConfigError(f"unknown level (known: {', '.join(level_names)})", f"fail_modes.{level}")
+    return {level: _fail_mode(config.get(level, "open"), f"fail_modes.{level}") for level in level_names}
+
+
+def _fail_mode(spec: Any, path: str) -> FailMode:
+    if isinstance(spec, str):
+        spec = {"fail_mode": spec}
+    if not isinstance(spec, Mapping):
+        raise ConfigError("must be a fail mode or a mapping with fail_mode", path)
+    unknown = sorted(set(spec) - {"fail_mode", "fallback_fraction"})
+    if unknown:
+        raise ConfigError(f"unknown field {unknown[0]!r} (known: fail_mode, fallback_fraction)", path)
+    mode = spec.get("fail_mode", "open")
+    if mode not in FAIL_MODES:
+        raise ConfigError(f"must be one of {', '.join(FAIL_MODES)}, not {mode!r}", f"{path}.fail_mode")
+    fraction = spec.get("fallback_fraction", DEFAULT_FALLBACK_FRACTION)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise ConfigError("must be a number above 0 and at most 1", f"{path}.fallback_fraction")
+    return FailMode(mode, float(fraction))

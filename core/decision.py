@@ -6,6 +6,7 @@ import math
 from collections import namedtuple
 
 OK, RATE_LIMITED, COST_EXCEEDS_LIMIT = "OK", "RATE_LIMITED", "COST_EXCEEDS_LIMIT"
+STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
 NO_NAMES: tuple[str, ...] = ()
 INFINITY = math.inf
 

@@ -16,10 +16,10 @@ import os
 from operator import itemgetter
 from typing import Any, Callable, Mapping
 
-from .config import PriorityClass, parse_levels, parse_priorities
-from .decision import (COST_EXCEEDS_LIMIT, INFINITY, NO_NAMES, OK, RATE_LIMITED, Decision,
-                       _make)
-from .errors import InvalidRequest
+from .config import FailMode, PriorityClass, parse_fail_modes, parse_levels, parse_priorities
+from .decision import (COST_EXCEEDS_LIMIT, INFINITY, NO_NAMES, OK, RATE_LIMITED,
+                       STORE_UNAVAILABLE, Decision, _make)
+from .errors import InvalidRequest, StoreUnavailable
 from .params import LARGEST_NUMBER
 from .rules import Rule
 from .stores import Check, MemoryStore, Store
@@ -27,6 +27,9 @@ from .stores import Check, MemoryStore, Store
 # About 2 KB a plan, so at most ~40 MB; a key set beyond that costs a rebuild (~20 us).
 PLAN_CACHE_SIZE = 20_000
 _NUMBER_TYPES = (int, float)
+# What a closed level tells callers to wait while the store is down: about how long the
+# circuit breaker waits before it tries the store again.
+STORE_RETRY_AFTER = 1.0
 
 _lease_prefix = os.urandom(6).hex()
 _lease_numbers = itertools.count(1)
@@ -44,8 +47,12 @@ class HierarchicalLimiter:
 
     def __init__(self, levels: Mapping[str, list[Rule]], store: Store | None = None,
                  clock: Callable[[], float] | None = None,
-                 priorities: Mapping[str, PriorityClass] | None = None) -> None:
+                 priorities: Mapping[str, PriorityClass] | None = None,
+                 fail_modes: Mapping[str, FailMode] | None = None) -> None:
         self.levels = dict(levels)
+        self.fail_modes = {level: FailMode() for level in self.levels} | dict(fail_modes or {})
+        self._injected_clock = clock
+        self._fallback: HierarchicalLimiter | None = None
         self.store = store if store is not None else MemoryStore()
         self.clock = clock if clock is not None else self.store.clock
         self.priorities = dict(priorities or {})
@@ -61,10 +68,14 @@ class HierarchicalLimiter:
     @classmethod
     def from_config(cls, config: Mapping, store: Store | None = None,
                     clock: Callable[[], float] | None = None,
-                    priorities: Mapping | None = None) -> "HierarchicalLimiter":
-        """Build from `{level: [rule specs]}`; bad config raises ConfigError naming the field."""
+                    priorities: Mapping | None = None,
+                    fail_modes: Mapping | None = None) -> "HierarchicalLimiter":
+        """Build from `{level: [rule specs]}`; bad config raises ConfigError naming the field.
+        `fail_modes` maps levels to "open", "closed" or "local" (see config.FailMode)."""
         levels = parse_levels(config)
-        return cls(levels, store, clock, parse_priorities(priorities, tuple(levels)))
+        names = tuple(levels)
+        return cls(levels, store, clock, parse_priorities(priorities, names),
+                   parse_fail_modes(fail_modes, names))
 
     def acquire(self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None) -> Decision:
         """Decide one request: take `cost` at every level named in `keys`, or nothing at all."""
@@ -75,8 +86,11 @@ class HierarchicalLimiter:
         except (KeyError, AttributeError, TypeError):
             plan = self._plan(keys, priority)
         if not 0 < cost <= plan.lean_max_cost:  # also false for NaN
-            return self._acquire_slowly(plan, cost)
-        outcome = plan.decide(cost, self.clock(), None)
+            return self._acquire_slowly(plan, cost, keys, priority)
+        try:
+            outcome = plan.decide(cost, self.clock(), None)
+        except StoreUnavailable:
+            return self._degraded(plan, keys, cost, priority)
         if outcome.__class__ is Decision:
             return outcome  # the store built the plain allowed decision itself
         blocker, wait, remaining, shadows = outcome
@@ -87,7 +101,8 @@ class HierarchicalLimiter:
         return _make(Decision, (False, wait, plan.names[blocker], plan.reasons[blocker],
                                 remaining, False, None, NO_NAMES))
 
-    def _acquire_slowly(self, plan: Plan, cost: float) -> Decision:
+    def _acquire_slowly(self, plan: Plan, cost: float, keys: Mapping[str, str],
+                        priority: str | None) -> Decision:
         """Every case the lean path leaves out: a bad cost, a cost that never fits,
         stateless rules, and concurrency leases."""
         if not 0 < cost <= LARGEST_NUMBER:
@@ -99,7 +114,10 @@ class HierarchicalLimiter:
         if denial is not None:
             return denial
         lease = f"{_lease_prefix}-{next(_lease_numbers):x}" if plan.leased else None
-        outcome = plan.decide(cost, now, lease)
+        try:
+            outcome = plan.decide(cost, now, lease)
+        except StoreUnavailable:
+            return self._degraded(plan, keys, cost, priority)
         decision = outcome if outcome.__class__ is Decision else self._outcome(plan, *outcome, lease)
         return decision._replace(shadow_blocked=decision.shadow_blocked + shadowed) if shadowed else decision
 
@@ -139,7 +157,12 @@ class HierarchicalLimiter:
     def release(self, keys: Mapping[str, str], lease: str) -> int:
         """Hand back the concurrency slots that `lease` holds; returns how many rules gave one."""
         plan = self._plan(keys, None)
-        return self.store.release(plan.store_plan, self.clock(), lease) if plan.leased else 0
+        if not plan.leased:
+            return 0
+        try:
+            return self.store.release(plan.store_plan, self.clock(), lease)
+        except StoreUnavailable:
+            return 0  # the slot comes back by itself when its lease runs out
 
     def reset(self, level: str, key: str) -> None:
         """Forget every rule's state for `key` at `level`: its buckets start full."""
@@ -202,6 +225,31 @@ class HierarchicalLimiter:
         plan.store_plan = self.store.prepare(plan.checks)
         plan.decide = self.store.decider(plan.store_plan)
         return plan
+
+    def _degraded(self, plan: Plan, keys: Mapping[str, str], cost: float,
+                  priority: str | None) -> Decision:
+        """The store is unreachable: each level of the plan applies its fail mode. A closed
+        level denies; local levels decide in process at their fallback fraction; open levels
+        allow. The decision says `degraded`."""
+        levels = [level for level in self.levels if any(c.level == level for c in plan.checks)]
+        for level in levels:
+            if self.fail_modes[level].mode == "closed":
+                return _make(Decision, (False, STORE_RETRY_AFTER, f"{level}: store unavailable",
+                                        STORE_UNAVAILABLE, 0.0, True, None, NO_NAMES))
+        local = {level: keys[level] for level in levels if self.fail_modes[level].mode == "local"}
+        if local:
+            return self._local_fallback().acquire(local, cost, priority)._replace(degraded=True)
+        return _make(Decision, (True, 0.0, None, OK, INFINITY, True, None, NO_NAMES))
+
+    def _local_fallback(self) -> "HierarchicalLimiter":
+        """An in-process limiter for the local levels, at their fallback fractions."""
+        if self._fallback is None:
+            levels = {level: [rule.scaled(self.fail_modes[level].fallback_fraction) for rule in rules]
+                      for level, rules in self.levels.items()
+                      if self.fail_modes[level].mode == "local"}
+            self._fallback = HierarchicalLimiter(levels, MemoryStore(), self._injected_clock,
+                                                 self.priorities)
+        return self._fallback
 
     def _too_big(self, plan: Plan) -> Decision:
         names = plan.names + [name for _, name, _ in plan.stateless]

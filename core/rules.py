@@ -70,6 +70,8 @@ class Rule:
     # Leased rules hold something per request (a concurrency slot) until `release`.
     leased: ClassVar[bool] = False
 
+    # The parameters that shrink with a level's fallback fraction when Redis is down.
+    scaled_params: ClassVar[tuple[str, ...]] = ()
     # Rules that count requests take 1 per request whatever its cost (a requests-per-minute
     # rule beside a tokens-per-minute one); the others take the request's cost.
     counts_requests: bool = False
@@ -90,6 +92,17 @@ class Rule:
 
     def setup(self) -> None:
         """Derive whatever the algorithm needs from its parameters (optional)."""
+
+    def scaled(self, fraction: float) -> "Rule":
+        """The same rule with `scaled_params` multiplied by `fraction` (the local fallback's
+        share of the limit); a whole-number parameter keeps at least 1."""
+        params = dict(self.values)
+        for param in self.params:
+            if param.name in self.scaled_params:
+                value = params[param.name] * fraction
+                params[param.name] = max(1, int(value)) if param.kind == "integer" else value
+        counts = "requests" if self.counts_requests and not type(self).counts_requests else "cost"
+        return type(self)(label=self.label, shadow=self.shadow, counts=counts, **params)
 
     # What a priority watermark is a share of: tokens, requests or slots.
     capacity: float = math.inf

@@ -20,6 +20,7 @@ class WindowRule(Rule):
     """Shared set-up of the window rules."""
 
     params = WINDOW_PARAMS
+    scaled_params = ("limit",)
 
     def setup(self) -> None:
         self.capacity = float(self.limit)
@@ -42,7 +43,7 @@ class FixedWindow(WindowRule):
     """
 
     def _used(self, state, now: float) -> tuple[int, float]:
-        index = int(now // self.window)
+        index = int(now / self.window)  # as Lua's math.floor(now / window)
         if state is None or state[2] != index:
             return index, 0.0
         return index, state[3]
@@ -76,7 +77,7 @@ class SlidingWindowLog(WindowRule):
     """Exact: keeps every (time, cost) in the window. Memory grows with the entries in the
     window, so it suits low limits or coarse costs; the counter below is O(1).
 
-    State, changed in place: [idle_at, room, entries (oldest first), used].
+    State, changed in place: [idle_at, room, entries (oldest first)].
     """
 
     def _prune(self, log: list | None, now: float) -> list | None:
@@ -86,14 +87,21 @@ class SlidingWindowLog(WindowRule):
             return None
         entries, cutoff = log[2], now - self.window
         while entries and entries[0][0] <= cutoff:
-            log[3] -= entries.popleft()[1]
-        if not entries:
-            log[3] = 0.0  # no float drift survives an empty window
+            entries.popleft()
         return log
+
+    @staticmethod
+    def _used(log: list | None) -> float:
+        # Summed afresh, oldest first, exactly as the Lua twin sums it, so that both stores
+        # agree to the last bit; the log is O(entries) anyway.
+        used = 0.0
+        for _, spent in log[2] if log else ():
+            used += spent
+        return used
 
     def wait(self, state, now, cost, floor):
         log = self._prune(state, now)
-        over = self._over(log[3] if log else 0.0, cost, floor)
+        over = self._over(self._used(log), cost, floor)
         if over <= EPSILON:
             return 0.0
         if cost + floor > self.capacity:
@@ -106,23 +114,21 @@ class SlidingWindowLog(WindowRule):
         return math.inf
 
     def take(self, state, now, cost, lease):
-        log = self._prune(state, now) or [0.0, 0.0, deque(), 0.0]
+        log = self._prune(state, now) or [0.0, 0.0, deque()]
         log[2].append((now, cost))
-        log[3] += cost
-        log[0] = log[2][-1][0] + self.window  # idle once the newest entry has left
-        log[1] = self.capacity - log[3]
+        log[0] = now + self.window  # idle once the newest entry has left
+        log[1] = self.capacity - self._used(log)
         return log
 
     def remaining(self, state, now):
-        log = self._prune(state, now)
-        return max(0.0, self.capacity - (log[3] if log else 0.0))
+        return max(0.0, self.capacity - self._used(self._prune(state, now)))
 
     def inspect(self, state, now):
         log = self._prune(state, now)
-        used = log[3] if log else 0.0
+        used = self._used(log)
         return {"used": used, "limit": self.capacity, "entries": len(log[2]) if log else 0,
                 "remaining": max(0.0, self.capacity - used),
-                "full_in": log[0] - now if log and log[2] else 0.0}
+                "full_in": log[2][-1][0] + self.window - now if log and log[2] else 0.0}
 
 
 @register("sliding_window_counter")
@@ -136,7 +142,7 @@ class SlidingWindowCounter(WindowRule):
     """
 
     def _counts(self, state, now: float) -> tuple[int, float, float]:
-        index = int(now // self.window)
+        index = int(now / self.window)  # as Lua's math.floor(now / window)
         if state is None:
             return index, 0.0, 0.0
         _, _, seen, previous, current = state

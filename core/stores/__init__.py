@@ -12,8 +12,14 @@ __all__ = ["Check", "MemoryStore", "Outcome", "Store", "store_from_url"]
 
 
 def store_from_url(url: str, **options) -> Store:
-    """`memory://` for this process; `redis://host:port/db` once the Redis store exists."""
+    """`memory://` for this process; `redis://host:port/db` (or `rediss://`, `unix://`)
+    for state shared by every process that uses the same Redis."""
     scheme = urlsplit(url).scheme if isinstance(url, str) else ""
     if scheme == "memory":
         return MemoryStore(**options)
-    raise ConfigError(f"unsupported store URL {url!r} (known schemes: memory)", "store")
+    if scheme in ("redis", "rediss", "unix"):
+        from .redis import RedisStore  # imported here so that memory:// needs no redis-py
+
+        return RedisStore(url=url, **options)
+    raise ConfigError(f"unsupported store URL {url!r} (known schemes: memory, redis, rediss, unix)",
+                      "store")

@@ -1,0 +1,66 @@
+-- One decision, atomically: phase 1 asks every rule whether the cost fits, phase 2 takes
+-- from all of them or from none. The same two phases as MemoryStore._decide.
+-- KEYS: one state key per check.
+-- ARGV: now ('' for this server's TIME), cost, lease, mode ('decide' or 'release'), then
+--       per check: rule type, floor, counts requests ('1'/'0'), shadow ('1'/'0'), and the
+--       rule's two parameters.
+-- Returns {blocker (-1 when allowed), wait, remaining, {shadow checks that would deny}, now}.
+local now
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+else
+  now = tonumber(ARGV[1])
+end
+local cost, lease, mode = tonumber(ARGV[2]), ARGV[3], ARGV[4]
+
+local checks = {}
+for i = 1, #KEYS do
+  local at = 4 + (i - 1) * 6
+  checks[i] = {rule = RULES[ARGV[at + 1]], floor = tonumber(ARGV[at + 2]),
+               per_request = ARGV[at + 3] == '1', shadow = ARGV[at + 4] == '1',
+               a = tonumber(ARGV[at + 5]), b = tonumber(ARGV[at + 6])}
+end
+
+if mode == 'release' then
+  local released = 0
+  for i, check in ipairs(checks) do
+    if check.rule.release then released = released + check.rule.release(KEYS[i], now, lease) end
+  end
+  return {released, number(now)}
+end
+
+local worst, blocker, shadows, found, states = 0, -1, {}, {}, {}
+for i, check in ipairs(checks) do
+  local state = check.rule.load(KEYS[i])
+  local amount = cost
+  if check.per_request then amount = 1 end
+  local fits, new_state, left = check.rule.attempt(state, now, amount, check.floor, check.a, check.b)
+  states[i] = state
+  if fits then
+    found[i] = {new_state, left, amount}
+  else
+    found[i] = false
+    if check.shadow then
+      shadows[#shadows + 1] = i - 1
+    elseif new_state > worst then
+      worst, blocker = new_state, i - 1
+    end
+  end
+end
+
+if blocker >= 0 then
+  local check = checks[blocker + 1]
+  local left = check.rule.remaining(states[blocker + 1], now, check.a, check.b)
+  return {blocker, number(worst), number(left), shadows, number(now)}
+end
+
+local remaining = INFINITY
+for i, check in ipairs(checks) do
+  local taken = found[i]
+  if taken then  -- a shadow rule that would deny takes nothing, as if it were enforced
+    check.rule.save(KEYS[i], taken[1], now, check.a, check.b, taken[3], lease)
+    if not check.shadow and taken[2] < remaining then remaining = taken[2] end
+  end
+end
+return {-1, '0', number(remaining), shadows, number(now)}

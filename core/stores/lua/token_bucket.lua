@@ -1,0 +1,62 @@
+-- token_bucket and gcra: the Lua twin of core/buckets.py; same arithmetic, same doubles.
+-- State: one integer, the microsecond at which the bucket is full again; or, for a bucket
+-- that never refills (rate 0), the tokens spent so far.
+local bucket = {}
+
+function bucket.load(key)
+  local raw = redis.call('GET', key)
+  return raw and tonumber(raw)
+end
+
+local function start_of(state, now)
+  if state and state * 1e-6 > now then return state * 1e-6 end
+  return now
+end
+
+function bucket.tokens(state, now, capacity, rate)
+  if not state then return capacity end
+  if rate == 0 then return capacity - state end
+  local ahead = state * 1e-6 - now
+  if ahead > 0 then return capacity - ahead * rate end
+  return capacity
+end
+
+function bucket.wait(state, now, cost, floor, capacity, rate)
+  local missing = cost + floor - bucket.tokens(state, now, capacity, rate)
+  if missing <= EPSILON then return 0 end
+  if cost + floor > capacity or rate == 0 then return INFINITY end
+  return missing / rate
+end
+
+-- Returns true, new state, room left; or false, the wait.
+function bucket.attempt(state, now, cost, floor, capacity, rate)
+  if rate == 0 then
+    local spent = (state or 0) + cost
+    local left = capacity - spent
+    if left - floor < -EPSILON then return false, INFINITY end
+    return true, spent, left
+  end
+  local start = start_of(state, now)
+  local left = capacity - (start - now) * rate - cost
+  if left - floor < -EPSILON then
+    local wait = bucket.wait(state, now, cost, floor, capacity, rate)
+    if wait == 0 then wait = EPSILON end
+    return false, wait
+  end
+  return true, math.floor((start + cost / rate) * 1e6 + 0.5), left
+end
+
+function bucket.remaining(state, now, capacity, rate)
+  return math.max(0, bucket.tokens(state, now, capacity, rate))
+end
+
+function bucket.save(key, state, now, capacity, rate)
+  if rate == 0 then
+    redis.call('SET', key, number(state), 'PX', ttl_ms(MAX_IDLE_SECONDS))
+  else
+    redis.call('SET', key, string.format('%d', state), 'PX', ttl_ms(state * 1e-6 - now))
+  end
+end
+
+RULES['token_bucket'] = bucket
+RULES['gcra'] = bucket

@@ -1,0 +1,230 @@
+"""The Redis store: rule state in Redis, one atomic Lua call per decision.
+
+Every built-in rule has a Lua twin in `lua/` doing the same arithmetic on the same doubles,
+so a decision on Redis is the decision the in-process store would make. One script call
+checks every rule of every level and takes from all or none: one round trip per decision,
+atomic across every worker and machine that shares the Redis.
+
+The clock is the Redis server's `TIME` unless one is injected, so machines with skewed
+clocks agree. Every key has a prefix, a `{level:key}` hash tag and a TTL.
+
+When Redis cannot be reached, calls fail within the socket timeouts (50 ms by default) and
+raise StoreUnavailable; the limiter then applies each level's fail mode. A circuit breaker
+stops paying the timeout on every call while Redis is down, and tries again with backoff
+(at most every half second, so decisions are back on Redis within a second of its return).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import (BusyLoadingError, ConnectionError, ReadOnlyError, RedisError,
+                              TimeoutError)
+from redis.retry import Retry
+
+from ..buckets import GCRA, TokenBucket
+from ..concurrency import Concurrency
+from ..errors import StoreUnavailable
+from ..rules import Rule
+from ..windows import FixedWindow, SlidingWindowCounter, SlidingWindowLog
+from .base import Check, Outcome, Store
+
+LUA_DIR = Path(__file__).parent / "lua"
+LUA_FILES = ("prelude.lua", "token_bucket.lua", "fixed_window.lua", "sliding_window.lua",
+             "sliding_window_counter.lua", "concurrency.lua", "decide.lua")
+# The two numbers each built-in rule hands its Lua twin, by class: a plug-in subclass,
+# whose behaviour may differ, does not run on Lua.
+LUA_ARGS: dict[type, tuple[str, str]] = {
+    TokenBucket: ("capacity", "rate"), GCRA: ("capacity", "rate"),
+    FixedWindow: ("capacity", "window"), SlidingWindowCounter: ("capacity", "window"),
+    SlidingWindowLog: ("capacity", "window"), Concurrency: ("capacity", "lease"),
+}
+# How each rule's state is read back for explain() and inspect().
+READ_COMMANDS = {TokenBucket: "GET", GCRA: "GET", FixedWindow: "GET", SlidingWindowCounter: "GET",
+                 SlidingWindowLog: "LRANGE", Concurrency: "ZRANGE"}
+UNREACHABLE = (ConnectionError, TimeoutError, BusyLoadingError, ReadOnlyError, OSError)
+DEFAULT_TIMEOUT = 0.05
+
+
+def lua_source() -> str:
+    """The one script: the rules' Lua, then the decision that uses them."""
+    return "\n".join((LUA_DIR / name).read_text() for name in LUA_FILES)
+
+
+class CircuitBreaker:
+    """Open after a failure: calls fail at once, without touching the network, until the
+    backoff has passed; then one call may try again. The backoff doubles up to `most`."""
+
+    def __init__(self, first: float = 0.05, most: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.first, self.most, self.clock = first, most, clock
+        self.backoff = 0.0
+        self.open_until = 0.0
+        self.down_since: float | None = None  # monotonic time of the first failure
+
+    def allows(self) -> bool:
+        return not self.open_until or self.clock() >= self.open_until
+
+    def succeeded(self) -> None:
+        if self.open_until:
+            self.backoff, self.open_until, self.down_since = 0.0, 0.0, None
+
+    def failed(self) -> None:
+        now = self.clock()
+        self.backoff = min(self.most, self.backoff * 2 or self.first)
+        self.open_until = now + self.backoff
+        if self.down_since is None:
+            self.down_since = now
+
+
+class RedisPlan:
+    """One key set, resolved: key names, the script's arguments after the first four."""
+
+    __slots__ = ("keys", "args", "checks", "leased")
+
+    def __init__(self, keys: list[str], args: list[str], checks: Sequence[Check]) -> None:
+        self.keys, self.args, self.checks = keys, args, list(checks)
+        self.leased = any(check.rule.leased for check in checks)
+
+
+class RedisStore(Store):
+    """Rule state in Redis. Give it a client (Django passes django-redis's) or a URL."""
+
+    clock = staticmethod(lambda: None)  # None: the script reads the server's TIME
+
+    def __init__(self, client: redis.Redis | None = None, url: str | None = None,
+                 prefix: str = "la", timeout: float = DEFAULT_TIMEOUT,
+                 breaker: CircuitBreaker | None = None) -> None:
+        self.client = client if client is not None else connect(url or "redis://127.0.0.1:6379/0", timeout)
+        self.prefix = prefix
+        self.breaker = breaker or CircuitBreaker()
+        self.script = self.client.register_script(lua_source())
+        self._lock = threading.Lock()
+
+    def prepare(self, checks: Sequence[Check]) -> RedisPlan:
+        keys, args = [], []
+        for level, key, rule, floor in checks:
+            first, second = LUA_ARGS.get(type(rule)) or _no_lua(rule)
+            keys.append(self.key_name(level, key, rule))
+            args += [rule.type_name, repr(float(floor)), "1" if rule.counts_requests else "0",
+                     "1" if rule.shadow else "0", repr(float(getattr(rule, first))),
+                     repr(float(getattr(rule, second)))]
+        return RedisPlan(keys, args, checks)
+
+    def key_name(self, level: str, key: str, rule: Rule) -> str:
+        """`prefix:{level:key}:rule`: the braces are the Redis Cluster hash tag."""
+        tag = _base36(zlib.crc32(rule.rule_id.encode()))
+        return f"{self.prefix}:{{{level}:{key}}}:{tag}"
+
+    def decide(self, plan: RedisPlan, cost: float, now: float | None, lease: str | None) -> Outcome:
+        head = ["" if now is None else repr(now), repr(cost), lease or "", "decide"]
+        blocker, wait, remaining, shadows, _ = self._call(self.script, plan.keys, head + plan.args)
+        return blocker, float(wait), float(remaining), tuple(shadows)
+
+    def release(self, plan: RedisPlan, now: float | None, lease: str) -> int:
+        if not plan.leased:
+            return 0
+        head = ["" if now is None else repr(now), "0", lease, "release"]
+        return int(self._call(self.script, plan.keys, head + plan.args)[0])
+
+    def explain(self, plan: RedisPlan, cost: float, now: float | None) -> list[tuple[float, float]]:
+        now, states = self._read(plan, now)
+        rows = []
+        for check, state in zip(plan.checks, states):
+            amount = 1.0 if check.rule.counts_requests else cost
+            rows.append((check.rule.wait(state, now, amount, check.floor), check.rule.remaining(state, now)))
+        return rows
+
+    def inspect(self, plan: RedisPlan, now: float | None) -> list[dict]:
+        now, states = self._read(plan, now)
+        return [check.rule.inspect(state, now) for check, state in zip(plan.checks, states)]
+
+    def reset(self, plan: RedisPlan) -> None:
+        if plan.keys:
+            self._call(self.client.delete, *plan.keys)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _read(self, plan: RedisPlan, now: float | None) -> tuple[float, list]:
+        """Every check's state, read in one round trip and decoded into the Python rule's
+        own shape, so that explain() and inspect() reuse the rules' Python code."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.time()
+        for key, check in zip(plan.keys, plan.checks):
+            command = READ_COMMANDS[type(check.rule)]
+            if command == "GET":
+                pipe.get(key)
+            elif command == "LRANGE":
+                pipe.lrange(key, 0, -1)
+            else:
+                pipe.zrange(key, 0, -1, withscores=True)
+        (seconds, micros), *raw = self._call(pipe.execute)
+        now = seconds + micros / 1_000_000 if now is None else now
+        return now, [decode(check.rule, value) for check, value in zip(plan.checks, raw)]
+
+    def _call(self, function: Callable, *args: Any) -> Any:
+        if not self.breaker.allows():
+            raise StoreUnavailable("Redis is unreachable; waiting before trying again")
+        try:
+            result = function(*args)
+        except UNREACHABLE as error:
+            with self._lock:
+                self.breaker.failed()
+            raise StoreUnavailable(f"Redis is unreachable: {error}") from error
+        if self.breaker.open_until:
+            with self._lock:
+                self.breaker.succeeded()
+        return result
+
+
+def connect(url: str, timeout: float = DEFAULT_TIMEOUT) -> redis.Redis:
+    """A plain redis-py client (with hiredis when installed) that gives up fast: short
+    timeouts, no retries. Under Django the client comes from django-redis instead."""
+    return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                retry=Retry(NoBackoff(), 0), health_check_interval=0)
+
+
+def decode(rule: Rule, raw: Any) -> Any:
+    """A rule's state as read from Redis, in the shape its Python code expects."""
+    kind = type(rule)
+    if raw is None or raw == [] or raw == b"":
+        return None
+    if kind in (TokenBucket, GCRA):
+        value = float(raw)
+        return (value * 1e-6, 0.0) if rule.rate else (0.0, 0.0, value)
+    if kind is FixedWindow:
+        index, used = raw.split()
+        return (0.0, 0.0, float(index), float(used))
+    if kind is SlidingWindowCounter:
+        index, previous, current = raw.split()
+        return (0.0, 0.0, float(index), float(previous), float(current))
+    if kind is SlidingWindowLog:
+        return [0.0, 0.0, deque(tuple(map(float, entry.split())) for entry in raw)]
+    return [0.0, 0.0, {lease.decode(): expiry for lease, expiry in raw}]
+
+
+def _no_lua(rule: Rule) -> tuple[str, str]:
+    raise NotImplementedError(
+        f"{rule.type_name} has no Lua twin; the Redis store runs only built-in stateful rules "
+        "(stateless plug-ins run in Python before the script)")
+
+
+def _base36(number: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        number, digit = divmod(number, 36)
+        out = digits[digit] + out
+        if not number:
+            return out
+
+
+__all__ = ["CircuitBreaker", "RedisStore", "RedisError", "connect", "decode", "lua_source"]
