@@ -68,21 +68,43 @@ DATABASES = {
 }
 
 
-def _caches(redis_url):
-    """django-redis when REDIS_URL is set, so workers share a cache; else per-process memory."""
+def _caches(redis_url, limiter_timeout):
+    """django-redis when REDIS_URL is set, so workers share a cache; else per-process memory.
+
+    The `limiter` alias is the rate limiter's own pool: short timeouts and no retries, so
+    that a dead Redis costs a decision at most `limiter_timeout` before its fail mode
+    applies. The `default` alias keeps redis-py's ordinary patience for everything else.
+    """
     if not redis_url:
         return {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
     return {
         "default": {
             "BACKEND": "django_redis.cache.RedisCache",
             "LOCATION": redis_url,
             "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
-        }
+        },
+        "limiter": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": redis_url,
+            "OPTIONS": {
+                "CLIENT_CLASS": "django_redis.client.DefaultClient",
+                "SOCKET_CONNECT_TIMEOUT": limiter_timeout,
+                "SOCKET_TIMEOUT": limiter_timeout,
+                "CONNECTION_POOL_KWARGS": {"retry": Retry(NoBackoff(), 0), "health_check_interval": 0},
+            },
+        },
     }
 
 
 REDIS_URL = env_str("REDIS_URL")
-CACHES = _caches(REDIS_URL)
+# Seconds a decision may wait on Redis before the level's fail mode decides instead.
+LIMITER_STORE_TIMEOUT = float(env_str("LIMITER_STORE_TIMEOUT") or "0.05")
+# Prefix of every key the limiter writes in Redis.
+LIMITER_KEY_PREFIX = env_str("LIMITER_KEY_PREFIX") or "la"
+CACHES = _caches(REDIS_URL, LIMITER_STORE_TIMEOUT)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

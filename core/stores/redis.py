@@ -16,6 +16,8 @@ stops paying the timeout on every call while Redis is down, and tries again with
 
 from __future__ import annotations
 
+import json
+import math
 import threading
 import time
 import zlib
@@ -26,7 +28,7 @@ from typing import Any, Callable, Sequence
 import redis
 from redis.backoff import NoBackoff
 from redis.exceptions import (BusyLoadingError, ConnectionError, ReadOnlyError, RedisError,
-                              TimeoutError)
+                              TimeoutError, WatchError)
 from redis.retry import Retry
 
 from ..buckets import GCRA, TokenBucket
@@ -35,6 +37,7 @@ from ..errors import StoreUnavailable
 from ..rules import Rule
 from ..windows import FixedWindow, SlidingWindowCounter, SlidingWindowLog
 from .base import Check, Outcome, Store
+from .memory import MemoryStore
 
 LUA_DIR = Path(__file__).parent / "lua"
 LUA_FILES = ("prelude.lua", "token_bucket.lua", "fixed_window.lua", "sliding_window.lua",
@@ -51,6 +54,7 @@ READ_COMMANDS = {TokenBucket: "GET", GCRA: "GET", FixedWindow: "GET", SlidingWin
                  SlidingWindowLog: "LRANGE", Concurrency: "ZRANGE"}
 UNREACHABLE = (ConnectionError, TimeoutError, BusyLoadingError, ReadOnlyError, OSError)
 DEFAULT_TIMEOUT = 0.05
+OPTIMISTIC_TRIES = 50
 
 
 def lua_source() -> str:
@@ -85,13 +89,16 @@ class CircuitBreaker:
 
 
 class RedisPlan:
-    """One key set, resolved: key names, the script's arguments after the first four."""
+    """One key set, resolved: key names, the script's arguments after the first four, and
+    whether a plug-in rule with no Lua twin sends it down the optimistic path."""
 
-    __slots__ = ("keys", "args", "checks", "leased")
+    __slots__ = ("keys", "args", "checks", "leased", "optimistic")
 
-    def __init__(self, keys: list[str], args: list[str], checks: Sequence[Check]) -> None:
+    def __init__(self, keys: list[str], args: list[str], checks: Sequence[Check],
+                 optimistic: bool) -> None:
         self.keys, self.args, self.checks = keys, args, list(checks)
         self.leased = any(check.rule.leased for check in checks)
+        self.optimistic = optimistic
 
 
 class RedisStore(Store):
@@ -111,12 +118,14 @@ class RedisStore(Store):
     def prepare(self, checks: Sequence[Check]) -> RedisPlan:
         keys, args = [], []
         for level, key, rule, floor in checks:
-            first, second = LUA_ARGS.get(type(rule)) or _no_lua(rule)
             keys.append(self.key_name(level, key, rule))
-            args += [rule.type_name, repr(float(floor)), "1" if rule.counts_requests else "0",
-                     "1" if rule.shadow else "0", repr(float(getattr(rule, first))),
-                     repr(float(getattr(rule, second)))]
-        return RedisPlan(keys, args, checks)
+            if type(rule) in LUA_ARGS:
+                first, second = LUA_ARGS[type(rule)]
+                args += [rule.type_name, repr(float(floor)), "1" if rule.counts_requests else "0",
+                         "1" if rule.shadow else "0", repr(float(getattr(rule, first))),
+                         repr(float(getattr(rule, second)))]
+        optimistic = any(type(check.rule) not in LUA_ARGS for check in checks)
+        return RedisPlan(keys, args, checks, optimistic)
 
     def key_name(self, level: str, key: str, rule: Rule) -> str:
         """`prefix:{level:key}:rule`: the braces are the Redis Cluster hash tag."""
@@ -124,6 +133,8 @@ class RedisStore(Store):
         return f"{self.prefix}:{{{level}:{key}}}:{tag}"
 
     def decide(self, plan: RedisPlan, cost: float, now: float | None, lease: str | None) -> Outcome:
+        if plan.optimistic:
+            return self._call(self._decide_optimistically, plan, cost, now, lease)
         head = ["" if now is None else repr(now), repr(cost), lease or "", "decide"]
         blocker, wait, remaining, shadows, _ = self._call(self.script, plan.keys, head + plan.args)
         return blocker, float(wait), float(remaining), tuple(shadows)
@@ -131,6 +142,8 @@ class RedisStore(Store):
     def release(self, plan: RedisPlan, now: float | None, lease: str) -> int:
         if not plan.leased:
             return 0
+        if plan.optimistic:
+            return self._call(self._release_optimistically, plan, now, lease)
         head = ["" if now is None else repr(now), "0", lease, "release"]
         return int(self._call(self.script, plan.keys, head + plan.args)[0])
 
@@ -153,22 +166,65 @@ class RedisStore(Store):
     def close(self) -> None:
         self.client.close()
 
-    def _read(self, plan: RedisPlan, now: float | None) -> tuple[float, list]:
+    def _read(self, plan: RedisPlan, now: float | None, pipe: Any = None) -> tuple[float, list]:
         """Every check's state, read in one round trip and decoded into the Python rule's
-        own shape, so that explain() and inspect() reuse the rules' Python code."""
-        pipe = self.client.pipeline(transaction=True)
-        pipe.time()
+        own shape, so that explain() and inspect() reuse the rules' Python code. With a
+        pipeline that WATCHes, the reads go out one by one (that is how WATCH works)."""
+        reader = pipe if pipe is not None else self.client.pipeline(transaction=True)
+        results = [reader.time()]
         for key, check in zip(plan.keys, plan.checks):
-            command = READ_COMMANDS[type(check.rule)]
+            command = READ_COMMANDS.get(type(check.rule), "GET")
             if command == "GET":
-                pipe.get(key)
+                results.append(reader.get(key))
             elif command == "LRANGE":
-                pipe.lrange(key, 0, -1)
+                results.append(reader.lrange(key, 0, -1))
             else:
-                pipe.zrange(key, 0, -1, withscores=True)
-        (seconds, micros), *raw = self._call(pipe.execute)
+                results.append(reader.zrange(key, 0, -1, withscores=True))
+        if pipe is None:
+            results = self._call(reader.execute)
+        (seconds, micros), *raw = results
         now = seconds + micros / 1_000_000 if now is None else now
         return now, [decode(check.rule, value) for check, value in zip(plan.checks, raw)]
+
+    def _decide_optimistically(self, plan: RedisPlan, cost: float, now: float | None,
+                               lease: str | None) -> Outcome:
+        """A plan with a plug-in rule that has no Lua twin: WATCH its keys, read every state,
+        decide in Python (the in-process store's two phases), then write in MULTI/EXEC; if a
+        key changed meanwhile, EXEC fails and the whole decision is made again. Costs 3 + n
+        round trips, and retries under contention; a Lua decision costs one."""
+        return self._optimistically(plan, now, lambda slots, at: MemoryStore._decide(slots, cost, at, lease))
+
+    def _release_optimistically(self, plan: RedisPlan, now: float | None, lease: str) -> int:
+        def release(slots: list, at: float) -> int:
+            released = 0
+            for rule, table, name, *_ in slots:
+                state = rule.release(table[name], at, lease) if rule.leased else None
+                if state is not None:
+                    table[name], released = state, released + 1
+            return released
+        return self._optimistically(plan, now, release)
+
+    def _optimistically(self, plan: RedisPlan, now: float | None, work: Callable) -> Any:
+        with self.client.pipeline(transaction=True) as pipe:
+            for _ in range(OPTIMISTIC_TRIES):
+                try:
+                    pipe.watch(*plan.keys)
+                    at, states = self._read(plan, now, pipe)
+                    table = dict(zip(plan.keys, states))
+                    slots = [(c.rule, table, key, c.floor, c.rule.shadow, c.rule.counts_requests)
+                             for c, key in zip(plan.checks, plan.keys)]
+                    result = work(slots, at)
+                    pipe.multi()
+                    # Some rules change their state in place, so write back every state
+                    # there is; an unchanged one is rewritten as it was.
+                    for check, key in zip(plan.checks, plan.keys):
+                        if table[key] is not None:
+                            write(pipe, key, check.rule, table[key], at)
+                    pipe.execute()
+                    return result
+                except WatchError:
+                    continue
+        raise StoreUnavailable(f"Redis keys kept changing under {OPTIMISTIC_TRIES} tries")
 
     def _call(self, function: Callable, *args: Any) -> Any:
         if not self.breaker.allows():
@@ -192,11 +248,38 @@ def connect(url: str, timeout: float = DEFAULT_TIMEOUT) -> redis.Redis:
                                 retry=Retry(NoBackoff(), 0), health_check_interval=0)
 
 
+def write(pipe: Any, key: str, rule: Rule, state: Any, now: float) -> None:
+    """Queue the writes that store `state` in Redis, in the form its Lua twin (or, for a
+    plug-in, `decode`) reads, with a TTL until it goes idle plus a second."""
+    kind = type(rule)
+    ttl = max(1000, math.ceil((state[0] - now) * 1000) + 1000)
+    if kind in (TokenBucket, GCRA):
+        value = round(state[0] * 1e6) if rule.rate else repr(float(state[2]))
+        pipe.set(key, value, px=ttl)
+    elif kind is FixedWindow:
+        pipe.set(key, f"{state[2]!r} {state[3]!r}", px=ttl)
+    elif kind is SlidingWindowCounter:
+        pipe.set(key, f"{state[2]!r} {state[3]!r} {state[4]!r}", px=ttl)
+    elif kind is SlidingWindowLog:
+        pipe.delete(key)
+        pipe.rpush(key, *(f"{stamp!r} {spent!r}" for stamp, spent in state[2]))
+        pipe.pexpire(key, ttl)
+    elif kind is Concurrency:
+        pipe.delete(key)
+        if state[2]:
+            pipe.zadd(key, state[2])
+            pipe.pexpire(key, ttl)
+    else:  # a plug-in: its state tuple as JSON, so its fields must be JSON values
+        pipe.set(key, json.dumps(list(state)), px=ttl)
+
+
 def decode(rule: Rule, raw: Any) -> Any:
     """A rule's state as read from Redis, in the shape its Python code expects."""
     kind = type(rule)
     if raw is None or raw == [] or raw == b"":
         return None
+    if kind not in READ_COMMANDS:
+        return tuple(json.loads(raw))
     if kind in (TokenBucket, GCRA):
         value = float(raw)
         return (value * 1e-6, 0.0) if rule.rate else (0.0, 0.0, value)
@@ -209,12 +292,6 @@ def decode(rule: Rule, raw: Any) -> Any:
     if kind is SlidingWindowLog:
         return [0.0, 0.0, deque(tuple(map(float, entry.split())) for entry in raw)]
     return [0.0, 0.0, {lease.decode(): expiry for lease, expiry in raw}]
-
-
-def _no_lua(rule: Rule) -> tuple[str, str]:
-    raise NotImplementedError(
-        f"{rule.type_name} has no Lua twin; the Redis store runs only built-in stateful rules "
-        "(stateless plug-ins run in Python before the script)")
 
 
 def _base36(number: int) -> str:
