@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import time
 from operator import itemgetter
 from typing import Any, Callable, Mapping
 
@@ -142,7 +143,7 @@ class HierarchicalLimiter:
     def _explain(self, plan: Plan, cost: float, now: float) -> tuple[Decision, list[dict]]:
         found = self.store.explain(plan.store_plan, cost, now)
         rows = [_row(check, wait, left) for check, (wait, left) in zip(plan.checks, found)]
-        rows += [_row(check, rule.wait_for_key(check.key, now, cost))
+        rows += [_row(check, rule.wait_for_key(check.key, _wall(now), cost))
                  for check, _, rule in plan.stateless]
         if cost > plan.max_cost:
             return self._too_big(plan), rows
@@ -261,7 +262,7 @@ class HierarchicalLimiter:
         Returns the denial, if any, and the shadow stateless rules that would deny."""
         shadows = []
         for check, name, rule in plan.stateless:
-            if rule.wait_for_key(check.key, now, cost) > 0:
+            if rule.wait_for_key(check.key, _wall(now), cost) > 0:
                 if not rule.shadow:
                     return self._explain(plan, cost, now)[0], ()
                 shadows.append(name)
@@ -284,6 +285,11 @@ def _decision_from_rows(rows: list[dict]) -> Decision:
         return Decision(True, 0.0, None, OK, remaining, shadow_blocked=shadows)
     reason = worst["label"] or RATE_LIMITED
     return Decision(False, worst["wait"], worst["name"], reason, remaining, shadow_blocked=shadows)
+
+
+def _wall(now: float | None) -> float:
+    """Stateless rules get a time even when the store keeps its own (Redis TIME)."""
+    return time.time() if now is None else now
 
 
 def _refuse_cost(cost: Any) -> None:
