@@ -24,7 +24,8 @@ test: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py collectstatic --noinput
-# A later step loads the demo policies here: $(BIN)/python manage.py loadpolicies demo
+# The demo policies, only into an empty store: operators' edits survive a restart.
+	$(BIN)/python manage.py loadpolicies --if-empty demo
 	$(BIN)/python manage.py ensureoperator
 # No control socket: gunicorn's default path is one per user, so a second server would clash.
 	$(BIN)/gunicorn limiter_admin.wsgi -b 127.0.0.1:8000 -w $(WORKERS) --threads 8 --no-control-socket

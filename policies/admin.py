@@ -1,1 +1,274 @@
-"""Admin registrations for the policy models arrive with the models themselves."""
+"""The operators' console for the policy store.
+
+Rule types, their parameters and help texts come from core.RULES; nothing about a rule
+type is written here. Tiers and tenants carry a hidden version: a save of a page that
+someone changed since it was opened is refused, never silently applied over their change.
+Every model keeps its history (django-simple-history), shown by each page's History link.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.http import HttpResponseRedirect
+from django.core.exceptions import ValidationError
+from django.db.models import Exists, OuterRef, Q
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from simple_history.admin import SimpleHistoryAdmin
+
+from core import RULES, ConfigError
+from core.config import parse_levels
+
+from .models import Level, PolicySettings, PolicyVersion, PriorityClass, Rule, StaleVersion, Tenant, Tier
+
+STALE_MESSAGE = ("This {kind} changed since you opened it (someone else saved it, or a policy file was "
+                 "loaded). Your changes were not saved: reload the page to see the current version.")
+
+
+def parameter_lines(type_name: str) -> list[tuple[str, str]]:
+    """(name and bounds, help) for each declared parameter of a rule type."""
+    cls = RULES.get(type_name)
+    if cls is None:
+        return []
+    lines = []
+    for param in cls.params:
+        schema = param.schema()
+        bounds = [f"{schema['type']}"]
+        if "minimum" in schema:
+            bounds.append(f">= {schema['minimum']:g}")
+        if "exclusiveMinimum" in schema:
+            bounds.append(f"> {schema['exclusiveMinimum']:g}")
+        if "default" in schema:
+            bounds.append(f"default {schema['default']}")
+        lines.append((f"{param.name} ({', '.join(bounds)})", param.help))
+    return lines
+
+
+def parameters_help() -> str:
+    """Every rule type's parameters, for the params field's help text."""
+    return format_html_join(
+        "", "<div><b>{}</b>: {}</div>",
+        ((name, "; ".join(f"{p} - {h}" for p, h in parameter_lines(name)))
+         for name in sorted(RULES)))
+
+
+class RuleForm(forms.ModelForm):
+    class Meta:
+        model = Rule
+        fields = ["level", "type", "params", "label", "shadow", "counts", "position"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "params" in self.fields:
+            self.fields["params"].help_text = parameters_help()
+            self.fields["params"].widget.attrs.update(rows=2, cols=40)
+
+
+class RuleFormSet(forms.BaseInlineFormSet):
+    """The rules of one tier or tenant, checked together: at most one copy of a rule per
+    level (with the global rules), and at least one rule for a tier."""
+
+    def clean(self):
+        super().clean()
+        if any(self.errors):
+            return
+        kept = [form.cleaned_data for form in self.forms
+                if form.cleaned_data and not form.cleaned_data.get("DELETE")]
+        if isinstance(self.instance, Tier) and not kept:
+            raise ValidationError("A tier needs at least one rule.")
+        config: dict[str, list[dict]] = {}
+        for data in kept:
+            config.setdefault(data["level"].name, []).append(Rule(**{k: data[k] for k in RuleForm.Meta.fields}).spec())
+        for rule in Rule.objects.filter(tier=None, tenant=None).select_related("level"):
+            config.setdefault(rule.level.name, []).append(rule.spec())
+        try:
+            parse_levels(config)
+        except ConfigError as error:
+            raise ValidationError(f"{error.path}: {error.reason} (counting the global rules)") from None
+
+
+class RuleInline(admin.TabularInline):
+    model = Rule
+    form = RuleForm
+    formset = RuleFormSet
+    extra = 0
+    fields = ["level", "type", "params", "parameters", "label", "shadow", "counts", "position"]
+    readonly_fields = ["parameters"]
+
+    @admin.display(description="parameters of this type")
+    def parameters(self, rule):
+        if not rule or not rule.type:
+            return "Save to see the parameters of the chosen type (all are listed under params)."
+        return format_html_join("", "<div><b>{}</b>: {}</div>", parameter_lines(rule.type))
+
+
+class TierRuleInline(RuleInline):
+    fk_name = "tier"
+    verbose_name_plural = "rules (at least one)"
+
+
+class TenantRuleInline(RuleInline):
+    fk_name = "tenant"
+    verbose_name = "override"
+    verbose_name_plural = "overrides: these replace the tier's rules at their level until the expiry"
+
+
+class VersionedForm(forms.ModelForm):
+    """Carries the version the page was opened at, and refuses a save if it moved since."""
+
+    # Not the model field itself: the admin refuses non-editable model fields on its forms.
+    opened_version = forms.IntegerField(widget=forms.HiddenInput, required=False)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["opened_version"].initial = self.instance.version
+
+    def clean(self):
+        data = super().clean()
+        opened_at = data.get("opened_version")
+        if self.instance.pk is not None and opened_at != self.instance.version:
+            raise ValidationError(STALE_MESSAGE.format(kind=self._meta.model._meta.verbose_name), code="stale")
+        return data
+
+    def save(self, commit=True):
+        if self.instance.pk is not None:
+            # The model's save refuses this version if anyone saved in between.
+            self.instance.version = self.cleaned_data["opened_version"]
+        return super().save(commit)
+
+
+class TierForm(VersionedForm):
+    class Meta:
+        model = Tier
+        fields = ["name"]
+
+
+class TenantForm(VersionedForm):
+    class Meta:
+        model = Tenant
+        fields = ["key", "tier", "overrides_until"]
+
+
+class VersionedAdmin(SimpleHistoryAdmin):
+    """A save that lost the race to another one (after the form's own check passed) is
+    rolled back and the page reloaded with the error, rather than ending in a 500."""
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except StaleVersion:
+            self.message_user(request, STALE_MESSAGE.format(kind=self.model._meta.verbose_name), messages.ERROR)
+            return HttpResponseRedirect(request.path)
+
+
+class HasOverridesFilter(admin.SimpleListFilter):
+    title = "overrides"
+    parameter_name = "overrides"
+
+    def lookups(self, request, model_admin):
+        return [("active", "active now"), ("yes", "has overrides"), ("no", "no overrides")]
+
+    def queryset(self, request, queryset):
+        has = Exists(Rule.objects.filter(tenant=OuterRef("pk")))
+        if self.value() == "yes":
+            return queryset.filter(has)
+        if self.value() == "no":
+            return queryset.exclude(has)
+        if self.value() == "active":
+            return queryset.filter(has).filter(Q(overrides_until__isnull=True) | Q(overrides_until__gt=timezone.now()))
+        return queryset
+
+
+@admin.register(Level)
+class LevelAdmin(SimpleHistoryAdmin):
+    list_display = ["name", "position", "fail_mode", "fallback_fraction"]
+    list_editable = ["position", "fail_mode", "fallback_fraction"]
+
+
+@admin.register(Tier)
+class TierAdmin(VersionedAdmin):
+    form = TierForm
+    inlines = [TierRuleInline]
+    list_display = ["name", "rule_count", "tenant_count", "version"]
+    search_fields = ["name"]
+
+    @admin.display(description="rules")
+    def rule_count(self, tier):
+        return tier.rules.count()
+
+    @admin.display(description="tenants")
+    def tenant_count(self, tier):
+        return tier.tenants.count()
+
+
+@admin.register(Tenant)
+class TenantAdmin(VersionedAdmin):
+    form = TenantForm
+    inlines = [TenantRuleInline]
+    list_display = ["key", "tier", "overrides_until", "has_overrides"]
+    list_filter = ["tier", HasOverridesFilter]
+    search_fields = ["key"]
+    list_select_related = ["tier"]
+
+    @admin.display(boolean=True, description="overrides")
+    def has_overrides(self, tenant):
+        return tenant.rules.exists()
+
+
+@admin.register(Rule)
+class RuleAdmin(SimpleHistoryAdmin):
+    """Every rule; global rules (no tier, no tenant) are edited here."""
+
+    form = RuleForm
+    fields = ["tier", "tenant", "level", "type", "params", "label", "shadow", "counts", "position"]
+    list_display = ["type", "owner_name", "level", "params", "label", "shadow", "counts"]
+    list_filter = ["level", "type", "tier"]
+    search_fields = ["tenant__key", "tier__name", "label"]
+    list_select_related = ["tier", "tenant", "level"]
+
+    def get_form(self, request, obj=None, **kwargs):
+        kwargs["fields"] = self.fields
+        return super().get_form(request, obj, **kwargs)
+
+    @admin.display(description="owner")
+    def owner_name(self, rule):
+        return format_html("tier {}", rule.tier) if rule.tier else \
+            format_html("tenant {}", rule.tenant) if rule.tenant else "global"
+
+
+@admin.register(PriorityClass)
+class PriorityClassAdmin(SimpleHistoryAdmin):
+    list_display = ["name", "watermark", "level_names"]
+    filter_horizontal = ["levels"]
+
+    @admin.display(description="levels")
+    def level_names(self, priority):
+        return ", ".join(level.name for level in priority.levels.all()) or "global (default)"
+
+
+@admin.register(PolicySettings)
+class PolicySettingsAdmin(SimpleHistoryAdmin):
+    list_display = ["__str__", "default_tier"]
+
+    def has_add_permission(self, request):
+        return not PolicySettings.objects.exists()
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(PolicyVersion)
+class PolicyVersionAdmin(admin.ModelAdmin):
+    """Read-only: the number workers poll to notice a change."""
+
+    list_display = ["number"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

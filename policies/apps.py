@@ -6,3 +6,8 @@ class PoliciesConfig(AppConfig):
 
     name = "policies"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from . import signals
+
+        signals.connect()

@@ -1,1 +1,228 @@
-"""Policy models (tiers, tenants, rules, levels, priorities) arrive with the policy store."""
+"""The policy store: levels, tiers, tenants, the rules they carry, priority classes.
+
+Rows are turned into limiters in one place, `policies.compile`. Validation here reuses the
+engine's own declarations (core.RULES, core.Param, core.config), so a rule type's parameters
+are stated once, in core, and never again here.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import F, Q
+from simple_history.models import HistoricalRecords
+
+from core import RULES, ConfigError
+from core.config import FAIL_MODES, parse_fail_modes, parse_priorities
+from core.rules import build_rule
+
+NAME_VALIDATOR = RegexValidator(r"^[A-Za-z0-9_.:-]+$", "Letters, digits and _ . : - only.")
+COUNTS_CHOICES = [("cost", "cost"), ("requests", "requests (1 per request)")]
+
+
+def rule_type_choices():
+    """The rule types the engine knows: derived from core.RULES, never typed twice."""
+    return [(name, name) for name in sorted(RULES)]
+
+
+class StaleVersion(Exception):
+    """A save of a row that someone else changed since it was read (optimistic locking)."""
+
+
+class Versioned(models.Model):
+    """Optimistic locking: every save bumps `version`, and a save of a stale copy is refused."""
+
+    version = models.PositiveIntegerField(default=1, editable=False)
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding and self.pk is not None:
+            # A conditional UPDATE, so two saves of the same version cannot both win.
+            bumped = type(self).objects.filter(pk=self.pk, version=self.version).update(version=F("version") + 1)
+            if not bumped:
+                raise StaleVersion(f"{self._meta.verbose_name} {self} changed since you opened it")
+            self.version += 1
+        super().save(*args, **kwargs)
+
+
+class Level(models.Model):
+    """A named scope, in evaluation order, with what it does while the store is down."""
+
+    name = models.CharField(max_length=64, unique=True, validators=[NAME_VALIDATOR])
+    position = models.PositiveIntegerField(default=0, help_text="Evaluation order: lower first.")
+    fail_mode = models.CharField(max_length=8, choices=[(m, m) for m in FAIL_MODES], default="open",
+                                 help_text="While the store is unreachable: allow (open), deny (closed), "
+                                           "or decide in process at the fallback fraction (local).")
+    fallback_fraction = models.FloatField(default=0.25,
+                                          help_text="Share of the limits the local fallback allows (0 < f <= 1).")
+    history = HistoricalRecords()
+
+    class Meta:
+        ordering = ["position", "name"]
+
+    def __str__(self):
+        return self.name
+
+    def clean(self):
+        try:
+            parse_fail_modes({self.name or "level": {"fail_mode": self.fail_mode,
+                                                     "fallback_fraction": self.fallback_fraction}},
+                             (self.name or "level",))
+        except ConfigError as error:
+            raise ValidationError({error.path.rsplit(".", 1)[-1]: error.reason}) from None
+
+
+class Tier(Versioned):
+    """A plan (free, pro, ...): rules for each level."""
+
+    name = models.CharField(max_length=64, unique=True, validators=[NAME_VALIDATOR])
+    history = HistoricalRecords()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class Tenant(Versioned):
+    """A team key with a tier, and optional per-level overrides (rules owned by the tenant)
+    that replace the tier's rules at their level while `overrides_until` is in the future."""
+
+    key = models.CharField(max_length=200, unique=True, help_text="The team key requests carry.")
+    tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="tenants")
+    overrides_until = models.DateTimeField(null=True, blank=True,
+                                           help_text="Overrides stop applying at this time; empty: never.")
+    history = HistoricalRecords()
+
+    class Meta:
+        ordering = ["key"]
+
+    def __str__(self):
+        return self.key
+
+    def clean(self):
+        if self.tier_id is not None and not Tier.objects.filter(pk=self.tier_id).exists():
+            raise ValidationError({"tier": "This tier no longer exists."})
+
+
+class Rule(models.Model):
+    """One rule at one level. Its owner is a tier, a tenant (an override), or neither (global)."""
+
+    tier = models.ForeignKey(Tier, null=True, blank=True, on_delete=models.CASCADE, related_name="rules")
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="rules")
+    level = models.ForeignKey(Level, on_delete=models.PROTECT, related_name="rules")
+    type = models.CharField(max_length=64, choices=rule_type_choices)
+    params = models.JSONField(default=dict, blank=True,
+                              help_text='The rule type\'s parameters, e.g. {"capacity": 100, "per_second": 10}.')
+    label = models.CharField(max_length=64, blank=True,
+                             help_text="Reason code a denial reports, e.g. RPM_LIMIT.")
+    shadow = models.BooleanField(default=False, help_text="Evaluated and counted, never denies.")
+    counts = models.CharField(max_length=8, choices=COUNTS_CHOICES, default="cost")
+    position = models.PositiveIntegerField(default=0)
+    history = HistoricalRecords()
+
+    class Meta:
+        ordering = ["level__position", "position", "id"]
+        constraints = [
+            models.CheckConstraint(condition=~(Q(tier__isnull=False) & Q(tenant__isnull=False)),
+                                   name="rule_has_at_most_one_owner"),
+        ]
+
+    def __str__(self):
+        owner = self.tier or self.tenant or "global"
+        return f"{owner} {self.level_id and self.level}: {self.type}"
+
+    @property
+    def owner(self):
+        return self.tier or self.tenant
+
+    def spec(self) -> dict:
+        """The rule as the engine's config spells it."""
+        spec = {"type": self.type, **(self.params or {})}
+        if self.label:
+            spec["label"] = self.label
+        if self.shadow:
+            spec["shadow"] = True
+        if self.counts != "cost":
+            spec["counts"] = self.counts
+        return spec
+
+    def clean(self):
+        if self.tier_id is not None and self.tenant_id is not None:
+            raise ValidationError("A rule belongs to a tier, a tenant, or neither (global), never both.")
+        if not isinstance(self.params, dict):
+            raise ValidationError({"params": "Must be a mapping of parameter names to values."})
+        check_rule_spec(self.spec())
+
+
+def check_rule_spec(spec: dict) -> None:
+    """Build the rule with the engine, turning its ConfigError into a ValidationError on the
+    model field it names (a parameter's error lands on `params`, naming the parameter)."""
+    try:
+        build_rule(spec, "")
+    except ConfigError as error:
+        path = error.path.lstrip(".")
+        field = path.split(".", 1)[0].split("[", 1)[0]
+        if field in ("type", "label", "shadow", "counts"):
+            raise ValidationError({field: error.reason}) from None
+        message = f"{path}: {error.reason}" if path else error.reason
+        raise ValidationError({"params": message}) from None
+
+
+class PriorityClass(models.Model):
+    """A request class that must leave `watermark` x capacity untouched at its levels."""
+
+    name = models.CharField(max_length=64, unique=True, validators=[NAME_VALIDATOR])
+    watermark = models.FloatField(default=0.0, validators=[MinValueValidator(0.0)],
+                                  help_text="Share of each rule's capacity this class must leave (0 up to 1).")
+    levels = models.ManyToManyField(Level, blank=True, related_name="priority_classes",
+                                    help_text="Levels it applies at; empty means the global level.")
+    history = HistoricalRecords(m2m_fields=[levels])
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name_plural = "priority classes"
+
+    def __str__(self):
+        return self.name
+
+    def clean(self):
+        try:
+            parse_priorities({self.name or "class": {"watermark": self.watermark}}, ("global",))
+        except ConfigError as error:
+            raise ValidationError({"watermark": error.reason}) from None
+
+
+class PolicySettings(models.Model):
+    """The singleton of store-wide settings."""
+
+    default_tier = models.ForeignKey(Tier, null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+                                     help_text="The tier of team keys that name no tenant.")
+    history = HistoricalRecords()
+
+    class Meta:
+        verbose_name = verbose_name_plural = "policy settings"
+
+    def __str__(self):
+        return "policy settings"
+
+    def save(self, *args, **kwargs):
+        self.pk = 1
+        super().save(*args, **kwargs)
+
+    @classmethod
+    def load(cls) -> "PolicySettings":
+        return cls.objects.get_or_create(pk=1)[0]
+
+
+class PolicyVersion(models.Model):
+    """One row, bumped after every committed policy change; workers poll it to reload."""
+
+    number = models.BigIntegerField(default=0)
+
+    def __str__(self):
+        return f"policy version {self.number}"

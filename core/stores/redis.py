@@ -16,8 +16,11 @@ stops paying the timeout on every call while Redis is down, and tries again with
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import math
+import random
 import threading
 import time
 import zlib
@@ -28,7 +31,7 @@ from typing import Any, Callable, Sequence
 import redis
 from redis.backoff import NoBackoff
 from redis.exceptions import (BusyLoadingError, ConnectionError, ReadOnlyError, RedisError,
-                              TimeoutError, WatchError)
+                              NoScriptError, TimeoutError, WatchError)
 from redis.retry import Retry
 
 from ..buckets import GCRA, TokenBucket
@@ -54,7 +57,11 @@ READ_COMMANDS = {TokenBucket: "GET", GCRA: "GET", FixedWindow: "GET", SlidingWin
                  SlidingWindowLog: "LRANGE", Concurrency: "ZRANGE"}
 UNREACHABLE = (ConnectionError, TimeoutError, BusyLoadingError, ReadOnlyError, OSError)
 DEFAULT_TIMEOUT = 0.05
-OPTIMISTIC_TRIES = 50
+# One connection per thread deciding at once; redis-py's default of 100 would refuse the
+# 101st thread rather than make it wait (and a refusal would count as an outage).
+MAX_CONNECTIONS = 10_000
+# How long an optimistic decision keeps trying while other clients keep changing its keys.
+OPTIMISTIC_DEADLINE = 1.0
 
 
 def lua_source() -> str:
@@ -63,40 +70,57 @@ def lua_source() -> str:
 
 
 class CircuitBreaker:
-    """Open after a failure: calls fail at once, without touching the network, until the
-    backoff has passed; then one call may try again. The backoff doubles up to `most`."""
+    """Open after `threshold` failures in a row: calls then fail at once, without touching
+    the network, until the backoff has passed; then calls may try again. The backoff doubles
+    up to `most`. A single slow reply (a busy host) does not open it; a dead Redis, which
+    fails every call, opens it within a few calls."""
 
-    def __init__(self, first: float = 0.05, most: float = 0.5,
+    def __init__(self, first: float = 0.05, most: float = 0.5, threshold: int = 3,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.first, self.most, self.clock = first, most, clock
+        self.first, self.most, self.threshold, self.clock = first, most, threshold, clock
+        self.failures = 0
+        self.probing = False
         self.backoff = 0.0
         self.open_until = 0.0
         self.down_since: float | None = None  # monotonic time of the first failure
 
     def allows(self) -> bool:
-        return not self.open_until or self.clock() >= self.open_until
+        """Closed: yes. Open: no, until the backoff has passed; then yes for one caller at a
+        time (the probe), so that a frozen Redis costs one timeout per backoff, not one per
+        waiting thread."""
+        if not self.open_until:
+            return True
+        if self.probing or self.clock() < self.open_until:
+            return False
+        self.probing = True
+        return True
 
     def succeeded(self) -> None:
-        if self.open_until:
-            self.backoff, self.open_until, self.down_since = 0.0, 0.0, None
+        if self.failures:
+            self.failures, self.backoff, self.open_until, self.down_since = 0, 0.0, 0.0, None
+        self.probing = False
 
     def failed(self) -> None:
         now = self.clock()
-        self.backoff = min(self.most, self.backoff * 2 or self.first)
-        self.open_until = now + self.backoff
+        self.failures += 1
+        self.probing = False
         if self.down_since is None:
             self.down_since = now
+        if self.failures >= self.threshold:
+            self.backoff = min(self.most, self.backoff * 2 or self.first)
+            self.open_until = now + self.backoff
 
 
 class RedisPlan:
     """One key set, resolved: key names, the script's arguments after the first four, and
     whether a plug-in rule with no Lua twin sends it down the optimistic path."""
 
-    __slots__ = ("keys", "args", "checks", "leased", "optimistic")
+    __slots__ = ("keys", "key_count", "args", "checks", "leased", "optimistic")
 
     def __init__(self, keys: list[str], args: list[str], checks: Sequence[Check],
                  optimistic: bool) -> None:
-        self.keys, self.args, self.checks = keys, args, list(checks)
+        self.keys, self.args, self.checks = tuple(keys), tuple(args), list(checks)
+        self.key_count = len(keys)
         self.leased = any(check.rule.leased for check in checks)
         self.optimistic = optimistic
 
@@ -112,8 +136,10 @@ class RedisStore(Store):
         self.client = client if client is not None else connect(url or "redis://127.0.0.1:6379/0", timeout)
         self.prefix = prefix
         self.breaker = breaker or CircuitBreaker()
-        self.script = self.client.register_script(lua_source())
+        self.source = lua_source()
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
         self._lock = threading.Lock()
+        self._turns = [threading.Lock() for _ in range(64)]
 
     def prepare(self, checks: Sequence[Check]) -> RedisPlan:
         keys, args = [], []
@@ -135,8 +161,9 @@ class RedisStore(Store):
     def decide(self, plan: RedisPlan, cost: float, now: float | None, lease: str | None) -> Outcome:
         if plan.optimistic:
             return self._call(self._decide_optimistically, plan, cost, now, lease)
-        head = ["" if now is None else repr(now), repr(cost), lease or "", "decide"]
-        blocker, wait, remaining, shadows, _ = self._call(self.script, plan.keys, head + plan.args)
+        blocker, wait, remaining, shadows = self._call(
+            self._evalsha, *plan.keys, "" if now is None else repr(now), repr(cost), lease or "",
+            "decide", *plan.args, keys=plan.key_count)
         return blocker, float(wait), float(remaining), tuple(shadows)
 
     def release(self, plan: RedisPlan, now: float | None, lease: str) -> int:
@@ -144,8 +171,8 @@ class RedisStore(Store):
             return 0
         if plan.optimistic:
             return self._call(self._release_optimistically, plan, now, lease)
-        head = ["" if now is None else repr(now), "0", lease, "release"]
-        return int(self._call(self.script, plan.keys, head + plan.args)[0])
+        return int(self._call(self._evalsha, *plan.keys, "" if now is None else repr(now), "0",
+                              lease, "release", *plan.args, keys=plan.key_count)[0])
 
     def explain(self, plan: RedisPlan, cost: float, now: float | None) -> list[tuple[float, float]]:
         now, states = self._read(plan, now)
@@ -192,50 +219,81 @@ class RedisStore(Store):
         decide in Python (the in-process store's two phases), then write in MULTI/EXEC; if a
         key changed meanwhile, EXEC fails and the whole decision is made again. Costs 3 + n
         round trips, and retries under contention; a Lua decision costs one."""
-        return self._optimistically(plan, now, lambda slots, at: MemoryStore._decide(slots, cost, at, lease))
+        def decide(slots: list, at: float) -> tuple[Outcome, list[bool]]:
+            outcome = MemoryStore._decide(slots, cost, at, lease)
+            if outcome[0] >= 0:
+                return outcome, [False] * len(slots)
+            shadows = {slots[i][2] for i in outcome[3]}  # shadow rules that would deny take nothing
+            return outcome, [name not in shadows for _, _, name, *_ in slots]
+        return self._optimistically(plan, now, decide)
 
     def _release_optimistically(self, plan: RedisPlan, now: float | None, lease: str) -> int:
-        def release(slots: list, at: float) -> int:
-            released = 0
+        def release(slots: list, at: float) -> tuple[int, list[bool]]:
+            changed = []
             for rule, table, name, *_ in slots:
                 state = rule.release(table[name], at, lease) if rule.leased else None
                 if state is not None:
-                    table[name], released = state, released + 1
-            return released
+                    table[name] = state
+                changed.append(state is not None)
+            return sum(changed), changed
         return self._optimistically(plan, now, release)
 
     def _optimistically(self, plan: RedisPlan, now: float | None, work: Callable) -> Any:
+        # Threads of this process take turns per key set, so that WATCH only ever races
+        # other processes: 200 threads all watching one key would mostly fail each other.
+        with self._turns[hash(plan.keys) % len(self._turns)]:
+            return self._watch_and_write(plan, now, work)
+
+    def _watch_and_write(self, plan: RedisPlan, now: float | None, work: Callable) -> Any:
+        deadline = time.monotonic() + OPTIMISTIC_DEADLINE
         with self.client.pipeline(transaction=True) as pipe:
-            for _ in range(OPTIMISTIC_TRIES):
+            for attempt in itertools.count():
+                if attempt and time.monotonic() > deadline:
+                    break
+                if attempt:  # back off, with jitter, so that contenders stop colliding
+                    time.sleep(random.uniform(0, min(0.01, 0.0002 * 2 ** attempt)))
                 try:
                     pipe.watch(*plan.keys)
                     at, states = self._read(plan, now, pipe)
                     table = dict(zip(plan.keys, states))
                     slots = [(c.rule, table, key, c.floor, c.rule.shadow, c.rule.counts_requests)
                              for c, key in zip(plan.checks, plan.keys)]
-                    result = work(slots, at)
+                    result, changed = work(slots, at)
                     pipe.multi()
-                    # Some rules change their state in place, so write back every state
-                    # there is; an unchanged one is rewritten as it was.
-                    for check, key in zip(plan.checks, plan.keys):
-                        if table[key] is not None:
+                    # Some rules change their state in place, so every state of a check
+                    # that took (or released) is written back; a denial writes nothing.
+                    for (check, key), took in zip(zip(plan.checks, plan.keys), changed):
+                        if took and table[key] is not None:
                             write(pipe, key, check.rule, table[key], at)
                     pipe.execute()
                     return result
                 except WatchError:
                     continue
-        raise StoreUnavailable(f"Redis keys kept changing under {OPTIMISTIC_TRIES} tries")
+        raise StoreUnavailable(f"Redis keys kept changing for {OPTIMISTIC_DEADLINE} s")
 
-    def _call(self, function: Callable, *args: Any) -> Any:
-        if not self.breaker.allows():
-            raise StoreUnavailable("Redis is unreachable; waiting before trying again")
+    def _evalsha(self, *keys_and_args: str, keys: int) -> Any:
+        """One EVALSHA; a server that lost its script cache (restart, SCRIPT FLUSH) answers
+        NOSCRIPT without running anything, so loading the script and calling again cannot
+        count a decision twice."""
         try:
-            result = function(*args)
+            return self.client.evalsha(self.sha, keys, *keys_and_args)
+        except NoScriptError:
+            self.sha = self.client.script_load(self.source)
+            return self.client.evalsha(self.sha, keys, *keys_and_args)
+
+    def _call(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
+        if self.breaker.open_until:
+            with self._lock:
+                allowed = self.breaker.allows()
+            if not allowed:
+                raise StoreUnavailable("Redis is unreachable; waiting before trying again")
+        try:
+            result = function(*args, **kwargs)
         except UNREACHABLE as error:
             with self._lock:
                 self.breaker.failed()
             raise StoreUnavailable(f"Redis is unreachable: {error}") from error
-        if self.breaker.open_until:
+        if self.breaker.failures or self.breaker.probing:
             with self._lock:
                 self.breaker.succeeded()
         return result
@@ -245,7 +303,8 @@ def connect(url: str, timeout: float = DEFAULT_TIMEOUT) -> redis.Redis:
     """A plain redis-py client (with hiredis when installed) that gives up fast: short
     timeouts, no retries. Under Django the client comes from django-redis instead."""
     return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                retry=Retry(NoBackoff(), 0), health_check_interval=0)
+                                retry=Retry(NoBackoff(), 0), health_check_interval=0,
+                                max_connections=MAX_CONNECTIONS)
 
 
 def write(pipe: Any, key: str, rule: Rule, state: Any, now: float) -> None:
@@ -262,8 +321,9 @@ def write(pipe: Any, key: str, rule: Rule, state: Any, now: float) -> None:
         pipe.set(key, f"{state[2]!r} {state[3]!r} {state[4]!r}", px=ttl)
     elif kind is SlidingWindowLog:
         pipe.delete(key)
-        pipe.rpush(key, *(f"{stamp!r} {spent!r}" for stamp, spent in state[2]))
-        pipe.pexpire(key, ttl)
+        if state[2]:
+            pipe.rpush(key, *(f"{stamp!r} {spent!r}" for stamp, spent in state[2]))
+            pipe.pexpire(key, ttl)
     elif kind is Concurrency:
         pipe.delete(key)
         if state[2]:

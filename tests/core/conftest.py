@@ -1,5 +1,10 @@
 """Fixtures for the engine's tests: a manual clock, a limiter builder on it, and plug-in
-names that are taken out of the registry again after each test."""
+names that are taken out of the registry again after each test.
+
+Every test that builds its limiters with `build` is a contract test: it runs once on the
+in-process store and once on a real Redis (tests/conftest.py starts the server), and both
+must give the same decisions. A test marked `memory_only` runs on the in-process store alone.
+"""
 
 import itertools
 import sys
@@ -8,7 +13,46 @@ import pytest
 
 from core import RULES, HierarchicalLimiter, ManualClock, MemoryStore
 
+STORE_KINDS = ("memory", "redis")
+
 _plugin_numbers = itertools.count(1)
+_prefix_numbers = itertools.count(1)
+
+
+def pytest_generate_tests(metafunc):
+    if "store_kind" in metafunc.fixturenames:
+        memory_only = metafunc.definition.get_closest_marker("memory_only") is not None
+        metafunc.parametrize("store_kind", ["memory"] if memory_only else STORE_KINDS,
+                             indirect=True)
+
+
+@pytest.fixture
+def store_kind(request):
+    """Which store the test runs on: "memory" or "redis"."""
+    return request.param
+
+
+@pytest.fixture
+def new_store(request, store_kind):
+    """Make fresh, empty stores of the kind under test. On Redis each store gets a prefix
+    of its own, so that two stores in one test share nothing, as two MemoryStores would."""
+    if store_kind == "memory":
+        yield MemoryStore
+        return
+    from core.stores.redis import RedisStore
+
+    url = request.getfixturevalue("redis_url")
+    made = []
+
+    def make():
+        # A timeout well above the 50 ms default: on a busy CI machine a slow reply would
+        # make a degraded decision, which is not what these tests judge (test_fail_modes does).
+        made.append(RedisStore(url=url, prefix=f"test{next(_prefix_numbers)}", timeout=1.0))
+        return made[-1]
+
+    yield make
+    for store in made:
+        store.close()
 
 
 @pytest.fixture
@@ -17,12 +61,13 @@ def clock():
 
 
 @pytest.fixture
-def build(clock):
-    """Build a limiter from a config on the test's manual clock and a fresh memory store."""
+def build(clock, new_store):
+    """Build a limiter from a config on the test's manual clock and a fresh store of the
+    kind under test (on Redis too, the manual clock is what the scripts use as now)."""
 
     def build(config, priorities=None, store=None):
         return HierarchicalLimiter.from_config(
-            config, store=store if store is not None else MemoryStore(), clock=clock,
+            config, store=store if store is not None else new_store(), clock=clock,
             priorities=priorities)
 
     return build

@@ -7,6 +7,9 @@ from core.stores import Store
 
 from .helpers import concurrency, sliding_window, token_bucket
 
+# The in-process store's own behaviour (entries, sweeps): nothing here is a contract.
+pytestmark = pytest.mark.memory_only
+
 MANY_KEYS = 200_000
 
 

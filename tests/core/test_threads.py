@@ -6,8 +6,6 @@ from collections import Counter
 
 import pytest
 
-from core import HierarchicalLimiter, ManualClock, MemoryStore
-
 from .helpers import concurrency, state_of, token_bucket
 
 pytestmark = pytest.mark.usefixtures("frequent_thread_switches")
@@ -48,17 +46,17 @@ def flood(limiter, passes=3):
     return sum(per_thread, Counter())
 
 
-def three_levels(global_capacity):
-    return HierarchicalLimiter.from_config({
+def three_levels(build, global_capacity):
+    return build({
         "user": [token_bucket(USER_CAPACITY, 0)],
         "team": [token_bucket(TEAM_CAPACITY, 0)],
         "global": [token_bucket(global_capacity, 0)],
-    }, store=MemoryStore())
+    })
 
 
 @pytest.mark.slow
-def test_a_flood_over_three_levels_takes_exactly_what_each_level_allows():
-    limiter = three_levels(1000)
+def test_a_flood_over_three_levels_takes_exactly_what_each_level_allows(build):
+    limiter = three_levels(build, 1000)
     by_user = flood(limiter)
     for team, users in TEAMS.items():
         assert all(by_user[user] <= USER_CAPACITY for user in users)
@@ -75,8 +73,8 @@ def test_a_flood_over_three_levels_takes_exactly_what_each_level_allows():
 
 
 @pytest.mark.slow
-def test_a_flood_stops_at_exactly_the_global_capacity_when_that_binds_first():
-    limiter = three_levels(40)
+def test_a_flood_stops_at_exactly_the_global_capacity_when_that_binds_first(build):
+    limiter = three_levels(build, 40)
     by_user = flood(limiter)
     assert sum(by_user.values()) == 40
     assert state_of(limiter, "global", "*")["tokens"] == 0
@@ -85,10 +83,9 @@ def test_a_flood_stops_at_exactly_the_global_capacity_when_that_binds_first():
         assert all(by_user[user] <= USER_CAPACITY for user in users)
 
 
-def test_a_flood_of_threads_gets_exactly_the_concurrency_limit_of_slots():
-    # A manual clock, so no lease can run out while the threads start.
-    limiter = HierarchicalLimiter.from_config({"user": [concurrency(10)]}, store=MemoryStore(),
-                                              clock=ManualClock())
+def test_a_flood_of_threads_gets_exactly_the_concurrency_limit_of_slots(build):
+    # A manual clock (build's), so no lease can run out while the threads start.
+    limiter = build({"user": [concurrency(10)]})
     start = threading.Barrier(100)
     leases = []
 

@@ -4,7 +4,7 @@
 -- ARGV: now ('' for this server's TIME), cost, lease, mode ('decide' or 'release'), then
 --       per check: rule type, floor, counts requests ('1'/'0'), shadow ('1'/'0'), and the
 --       rule's two parameters.
--- Returns {blocker (-1 when allowed), wait, remaining, {shadow checks that would deny}, now}.
+-- Returns {blocker (-1 when allowed), wait, remaining, {shadow checks that would deny}}.
 local now
 if ARGV[1] == '' then
   local t = redis.call('TIME')
@@ -27,7 +27,7 @@ if mode == 'release' then
   for i, check in ipairs(checks) do
     if check.rule.release then released = released + check.rule.release(KEYS[i], now, lease) end
   end
-  return {released, number(now)}
+  return {released}
 end
 
 local worst, blocker, shadows, found, states = 0, -1, {}, {}, {}
@@ -52,7 +52,7 @@ end
 if blocker >= 0 then
   local check = checks[blocker + 1]
   local left = check.rule.remaining(states[blocker + 1], now, check.a, check.b)
-  return {blocker, number(worst), number(left), shadows, number(now)}
+  return {blocker, number(worst), number(left), shadows}
 end
 
 local remaining = INFINITY
@@ -63,4 +63,4 @@ for i, check in ipairs(checks) do
     if not check.shadow and taken[2] < remaining then remaining = taken[2] end
   end
 end
-return {-1, '0', number(remaining), shadows, number(now)}
+return {-1, '0', number(remaining), shadows}

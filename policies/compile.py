@@ -1,0 +1,241 @@
+"""The one place that turns policy rows into limiters.
+
+    cache = PolicyCache()
+    cache.decide({"user": "u1", "team": "acme", "global": "*"}, cost=1, priority="batch")
+
+A `Policy` is every row read at once into plain dicts; `PolicyCache` compiles one limiter per
+tier and one per tenant whose overrides apply, lazily, and keeps them until the policy
+version changes. A warm decision does no database query: the version is read at most once
+per `check_every` seconds, and override expiry is a comparison against the earliest
+upcoming expiry time.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Callable, Mapping
+
+from django.db import DatabaseError, transaction
+
+from core import Decision, HierarchicalLimiter, Store
+
+from .signals import current_version
+from .stores import limiter_store
+
+log = logging.getLogger(__name__)
+
+# The level whose key names a tenant.
+TENANT_LEVEL = "team"
+# Where global rules go when no level is named `global`: the broadest (last) one.
+GLOBAL_LEVEL = "global"
+# How often a worker asks the database whether the policy changed: an edit reaches every
+# worker within twice this (the check, then the reload), well inside a second.
+CHECK_EVERY = 0.5
+
+
+class PolicyUnavailable(RuntimeError):
+    """No policy could be read, and none was read before: there is nothing to decide with."""
+
+
+@dataclass(frozen=True)
+class TenantPolicy:
+    tier: str
+    overrides: dict[str, list[dict]]  # level -> rule specs
+    until: float | None  # epoch seconds; None: the overrides never expire
+
+    def overrides_apply(self, now: float) -> bool:
+        return bool(self.overrides) and (self.until is None or now < self.until)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Every policy row, read at once, as plain data."""
+
+    version: int
+    levels: tuple[str, ...]
+    fail_modes: dict[str, dict]
+    tiers: dict[str, dict[str, list[dict]]]
+    global_rules: dict[str, list[dict]]
+    tenants: dict[str, TenantPolicy]
+    default_tier: str | None
+    priorities: dict[str, dict] = field(default_factory=dict)
+
+    def config(self, tier: str | None, overrides: Mapping[str, list[dict]] | None = None) -> dict:
+        """The engine config of a tier, with a tenant's overrides replacing whole levels."""
+        rules = self.tiers.get(tier, {}) if tier else {}
+        overrides = overrides or {}
+        return {level: [*overrides.get(level, rules.get(level, [])), *self.global_rules.get(level, [])]
+                for level in self.levels}
+
+    def route(self, team_key: str | None, now: float) -> tuple[str, str | None]:
+        """Which limiter serves a team key: its tenant's own, or its tier's."""
+        tenant = self.tenants.get(team_key) if team_key is not None else None
+        if tenant is None:
+            return ("tier", self.default_tier)
+        if tenant.overrides_apply(now):
+            return ("tenant", team_key)
+        return ("tier", tenant.tier)
+
+    def next_expiry(self, now: float) -> float:
+        """The earliest time after `now` at which some tenant's overrides stop applying."""
+        return min((t.until for t in self.tenants.values()
+                    if t.overrides and t.until is not None and t.until > now), default=math.inf)
+
+    def limiter(self, route: tuple[str, str | None], store: Store,
+                clock: Callable[[], float] | None) -> HierarchicalLimiter:
+        kind, name = route
+        if kind == "tenant":
+            tenant = self.tenants[name]
+            config = self.config(tenant.tier, tenant.overrides)
+        else:
+            config = self.config(name)
+        return HierarchicalLimiter.from_config(config, store=store, clock=clock,
+                                               priorities=self.priorities, fail_modes=self.fail_modes)
+
+
+def read_policy() -> Policy:
+    """Read the whole policy. The version is read first: data newer than it only causes
+    one more reload, never a missed one."""
+    from .models import Level, PolicySettings, PriorityClass, Rule, Tenant
+
+    with transaction.atomic():
+        version = current_version()
+        levels = list(Level.objects.order_by("position", "name").values_list("name", "fail_mode",
+                                                                             "fallback_fraction"))
+        tiers: dict[str, dict[str, list[dict]]] = {}
+        global_rules: dict[str, list[dict]] = {}
+        overrides: dict[str, dict[str, list[dict]]] = {}
+        for rule in Rule.objects.select_related("tier", "tenant", "level").order_by("position", "id"):
+            if rule.tier_id is not None:
+                target = tiers.setdefault(rule.tier.name, {})
+            elif rule.tenant_id is not None:
+                target = overrides.setdefault(rule.tenant.key, {})
+            else:
+                target = global_rules
+            target.setdefault(rule.level.name, []).append(rule.spec())
+        tenants = {key: TenantPolicy(tier, overrides.get(key, {}), until.timestamp() if until else None)
+                   for key, tier, until in Tenant.objects.values_list("key", "tier__name", "overrides_until")}
+        default_tier = PolicySettings.objects.filter(pk=1).values_list("default_tier__name", flat=True).first()
+        priorities = {}
+        for priority in PriorityClass.objects.prefetch_related("levels"):
+            spec: dict[str, Any] = {"watermark": priority.watermark}
+            names = [level.name for level in priority.levels.all()]
+            if names:
+                spec["levels"] = names
+            priorities[priority.name] = spec
+    return Policy(
+        version=version,
+        levels=tuple(name for name, _, _ in levels),
+        fail_modes={name: {"fail_mode": mode, "fallback_fraction": fraction} for name, mode, fraction in levels},
+        tiers=tiers, global_rules=global_rules, tenants=tenants, default_tier=default_tier,
+        priorities=priorities,
+    )
+
+
+@dataclass
+class _Compiled:
+    """One policy with its routes and limiters, swapped in whole so that a thread never
+    pairs one policy's routes with another's limiters."""
+
+    policy: Policy
+    routes: dict[str, tuple]  # the tenants whose overrides apply -> their route
+    limiters: dict[tuple, HierarchicalLimiter]
+    expiry_at: float  # the earliest upcoming override expiry
+
+
+class PolicyCache:
+    """Compiled limiters for every tier and tenant, reloaded when the policy version moves.
+
+    `clock` is wall time in epoch seconds (version checks, override expiry); `limiter_clock`
+    is what the limiters read (by default the store's own clock). If the database cannot be
+    reached, decisions go on with the last policy read.
+    """
+
+    def __init__(self, store: Store | None = None, clock: Callable[[], float] = time.time,
+                 limiter_clock: Callable[[], float] | None = None, check_every: float = CHECK_EVERY) -> None:
+        self.store = store if store is not None else limiter_store()
+        self.clock = clock
+        self.limiter_clock = limiter_clock
+        self.check_every = check_every
+        self._compiled: _Compiled | None = None
+        self._check_at = -math.inf
+        self._lock = threading.Lock()
+
+    @property
+    def policy(self) -> Policy | None:
+        return self._compiled.policy if self._compiled else None
+
+    @property
+    def next_expiry(self) -> float:
+        """When the next override expires (math.inf: none will)."""
+        return self._compiled.expiry_at if self._compiled else math.inf
+
+    def decide(self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None) -> Decision:
+        """Decide one request with the limiter of the tenant its `team` key names."""
+        return self.limiter_for(keys.get(TENANT_LEVEL)).acquire(keys, cost, priority)
+
+    def limiter_for(self, team_key: str | None) -> HierarchicalLimiter:
+        """The compiled limiter that serves `team_key` now."""
+        now = self.clock()
+        compiled = self._compiled
+        if compiled is None or now >= self._check_at or now >= compiled.expiry_at:
+            compiled = self._refresh(now)
+        route = compiled.routes.get(team_key) if team_key is not None else None
+        if route is None:
+            route = compiled.policy.route(team_key, now)
+        limiter = compiled.limiters.get(route)
+        if limiter is None:
+            # Two threads may both build it: harmless, the state is in the shared store.
+            limiter = compiled.limiters[route] = compiled.policy.limiter(route, self.store, self.limiter_clock)
+        return limiter
+
+    def refresh(self) -> None:
+        """Check the policy version now, whatever the time of the last check."""
+        self._check_at = -math.inf
+        self._refresh(self.clock())
+
+    def _refresh(self, now: float) -> _Compiled:
+        with self._lock:
+            compiled = self._compiled
+            if compiled is None or now >= self._check_at:
+                self._check_at = now + self.check_every
+                policy = self._read_if_changed()
+                if policy is not None:
+                    compiled = self._compile(policy, {}, now)
+            if now >= compiled.expiry_at:
+                compiled = self._compile(compiled.policy, compiled.limiters, now)
+            self._compiled = compiled
+            return compiled
+
+    def _read_if_changed(self) -> Policy | None:
+        """The policy, if it changed since the last read; None if not, or if the database
+        is unreachable and an older policy can go on deciding."""
+        try:
+            if self.policy is not None and current_version() == self.policy.version:
+                return None
+            return read_policy()
+        except DatabaseError as error:
+            if self.policy is None:
+                raise PolicyUnavailable(f"cannot read the policy: {error}") from error
+            log.warning("policy check failed, deciding with policy version %s: %s", self.policy.version, error)
+            return None
+
+    @staticmethod
+    def _compile(policy: Policy, limiters: dict, now: float) -> _Compiled:
+        """Route the tenants whose overrides apply now to their own limiters; keep the
+        limiters that still serve a route."""
+        routes = {key: ("tenant", key) for key, tenant in policy.tenants.items() if tenant.overrides_apply(now)}
+        kept = {route: limiter for route, limiter in limiters.items()
+                if route[0] == "tier" or route[1] in routes}
+        return _Compiled(policy, routes, kept, policy.next_expiry(now))
+
+
+@lru_cache(maxsize=1)
+def policy_cache() -> PolicyCache:
+    """The process's policy cache, on the process's shared store."""
+    return PolicyCache()

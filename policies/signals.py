@@ -1,0 +1,48 @@
+"""Every committed policy change bumps the policy version, which workers poll to reload."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.db.models import F
+from django.db.models.signals import m2m_changed, post_delete, post_save
+
+from . import models
+
+POLICY_MODELS = (models.Level, models.Tier, models.Tenant, models.Rule, models.PriorityClass,
+                 models.PolicySettings)
+
+
+def bump_version() -> None:
+    """Add one to the policy version (creating its row the first time)."""
+    if not models.PolicyVersion.objects.filter(pk=1).update(number=F("number") + 1):
+        models.PolicyVersion.objects.get_or_create(pk=1, defaults={"number": 1})
+
+
+def current_version() -> int:
+    """The policy version as committed; 0 before any change."""
+    return models.PolicyVersion.objects.filter(pk=1).values_list("number", flat=True).first() or 0
+
+
+def policy_changed(sender=None, using="default", **kwargs) -> None:
+    """Bump the version once the transaction commits: once per transaction, however many
+    rows it changes (a policy load touches hundreds), and never for a rolled-back one."""
+    connection = transaction.get_connection(using)
+    pending = getattr(connection, "_policies_pending_bump", None)
+    # A rollback drops the pending bump from run_on_commit, so it no longer counts.
+    if pending is not None and any(func is pending for _, func, _ in connection.run_on_commit):
+        return
+
+    def bump() -> None:
+        connection._policies_pending_bump = None
+        bump_version()
+
+    connection._policies_pending_bump = bump
+    transaction.on_commit(bump, using=using)
+
+
+def connect() -> None:
+    for model in POLICY_MODELS:
+        post_save.connect(policy_changed, sender=model, dispatch_uid=f"policies-save-{model.__name__}")
+        post_delete.connect(policy_changed, sender=model, dispatch_uid=f"policies-delete-{model.__name__}")
+    m2m_changed.connect(policy_changed, sender=models.PriorityClass.levels.through,
+                        dispatch_uid="policies-m2m-priority-levels")

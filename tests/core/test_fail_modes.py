@@ -1,0 +1,240 @@
+"""Fail modes: while Redis cannot be reached, each level does what its fail mode says
+(open allows, closed denies, local decides in process at a fraction of its limits), every
+call comes back within the store's timeout, no exception reaches the caller, and once Redis
+is back the decisions are made on Redis again within a second.
+
+Redis is made unreachable for real: a redis-server of the test's own is killed (SIGKILL) or
+frozen (SIGSTOP: it accepts connections and never answers), or the store points at a port
+where nothing listens. These tests read the wall clock, because timeouts are what they
+check; sleeping here only paces a stream or polls, it never aims at an edge.
+"""
+
+import statistics
+import threading
+import time
+
+import pytest
+
+from core import HierarchicalLimiter
+from core.stores.redis import DEFAULT_TIMEOUT, RedisStore
+
+from .helpers import concurrency, token_bucket
+
+CONFIG = {
+    "user": [token_bucket(100, 0), concurrency(50)],  # a lease: the limiter's slower path
+    "team": [token_bucket(100, 0)],
+    "global": [token_bucket(8, 0)],
+}
+FAIL_MODES = {"user": "open", "team": "closed",
+              "global": {"fail_mode": "local", "fallback_fraction": 0.25}}
+USER, TEAM, GLOBAL = {"user": "u"}, {"team": "t"}, {"global": "*"}
+EVERY_LEVEL = {**USER, **TEAM, **GLOBAL}
+# The most a call may take while Redis is down: the 50 ms timeout plus a generous margin.
+LONGEST_CALL = 0.25
+
+
+def limiter_on(url):
+    return HierarchicalLimiter.from_config(CONFIG, store=RedisStore(url=url, prefix="fail"),
+                                           fail_modes=FAIL_MODES)
+
+
+def timed(call, *args, **kwargs):
+    """The call's result and how long it took, in seconds."""
+    started = time.perf_counter()
+    result = call(*args, **kwargs)
+    return result, time.perf_counter() - started
+
+
+def wait_until_decided_on_redis(limiter, keys, within):
+    """Poll until a decision is no longer degraded; returns how long that took."""
+    started = time.monotonic()
+    while limiter.acquire(keys).degraded:
+        assert time.monotonic() - started < within, f"still degraded after {within} s"
+        time.sleep(0.005)
+    return time.monotonic() - started
+
+
+def limiter_after(request, outage):
+    """A limiter whose Redis has gone: killed or frozen after the limiter had used it (so
+    it holds a connection and the server had its script), or never there at all."""
+    if outage == "nothing listening":
+        return limiter_on(request.getfixturevalue("unreachable_redis_url"))
+    server = request.getfixturevalue("disposable_redis")
+    limiter = limiter_on(server.url)
+    assert not limiter.acquire(EVERY_LEVEL).degraded
+    if outage == "killed":
+        server.kill()
+    else:
+        server.freeze()
+    return limiter
+
+
+@pytest.fixture(params=["killed", "nothing listening"])
+def limiter_without_redis(request):
+    return limiter_after(request, request.param)
+
+
+@pytest.fixture(params=["killed", "frozen", "nothing listening"])
+def limiter_while_redis_is_down(request):
+    """Also a server that is there but never answers: the outage that costs timeouts."""
+    return limiter_after(request, request.param)
+
+
+# --- each level's fail mode -----------------------------------------------------------------
+
+
+def test_an_open_level_lets_requests_through_and_says_degraded(limiter_without_redis):
+    decisions = [limiter_without_redis.acquire(USER) for _ in range(3)]
+    assert all(d.allowed and d.degraded and d.reason == "OK" for d in decisions)
+
+
+def test_a_closed_level_denies_with_store_unavailable(limiter_without_redis):
+    denied = limiter_without_redis.acquire(TEAM)
+    assert not denied.allowed
+    assert denied.degraded
+    assert denied.reason == "STORE_UNAVAILABLE"
+    assert denied.blocked_by.startswith("team")
+    assert denied.retry_after > 0
+
+
+def test_a_local_level_allows_exactly_its_fallback_fraction_of_the_limit(limiter_without_redis):
+    # A bucket of 8 at a fallback fraction of 0.25: 2 in this process while Redis is down.
+    decisions = [limiter_without_redis.acquire(GLOBAL) for _ in range(6)]
+    assert [d.allowed for d in decisions] == [True, True, False, False, False, False]
+    assert all(d.degraded for d in decisions)
+
+
+def test_a_closed_level_denies_a_request_that_spans_every_level(limiter_without_redis):
+    decision = limiter_without_redis.acquire(EVERY_LEVEL)
+    assert (decision.allowed, decision.reason, decision.degraded) == (False, "STORE_UNAVAILABLE", True)
+
+
+def test_beside_an_open_level_a_local_level_decides(limiter_without_redis):
+    decisions = [limiter_without_redis.acquire({**USER, **GLOBAL}) for _ in range(4)]
+    assert [d.allowed for d in decisions] == [True, True, False, False]
+    assert all(d.degraded for d in decisions)
+
+
+def test_a_release_while_redis_is_down_gives_nothing_back_and_raises_nothing(limiter_without_redis):
+    held = limiter_without_redis.acquire(USER)
+    assert held.allowed and held.degraded
+    assert limiter_without_redis.release(USER, held.lease or "a-lease") == 0
+
+
+# --- no call waits long ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_no_call_takes_longer_than_the_timeout_while_redis_is_down(limiter_while_redis_is_down):
+    durations = []
+    stop = time.monotonic() + 1.0
+    while time.monotonic() < stop:
+        for keys in (USER, TEAM, GLOBAL, EVERY_LEVEL):
+            decision, took = timed(limiter_while_redis_is_down.acquire, keys)
+            assert decision.degraded
+            durations.append(took)
+    assert max(durations) < LONGEST_CALL
+    # The circuit breaker is open most of the time: most calls do not touch the network.
+    assert statistics.median(durations) < 0.005
+    slow = [took for took in durations if took >= DEFAULT_TIMEOUT * 0.8]
+    assert len(slow) <= len(durations) // 20, f"{len(slow)} of {len(durations)} calls waited"
+
+
+@pytest.mark.slow
+def test_threads_deciding_at_once_do_not_each_pay_the_timeout_of_a_frozen_redis(disposable_redis):
+    limiter = limiter_on(disposable_redis.url)
+    assert not limiter.acquire(EVERY_LEVEL).degraded
+    disposable_redis.freeze()
+    reasons, durations, lock = [], [], threading.Lock()
+    stop = time.monotonic() + 1.2
+
+    def stream():
+        while time.monotonic() < stop:
+            decision, took = timed(limiter.acquire, TEAM)
+            with lock:
+                reasons.append(decision.reason)
+                durations.append(took)
+            time.sleep(0.002)
+
+    threads = [threading.Thread(target=stream) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert set(reasons) == {"STORE_UNAVAILABLE"}
+    assert max(durations) < LONGEST_CALL
+    slow = [took for took in durations if took >= DEFAULT_TIMEOUT * 0.8]
+    assert len(slow) <= len(durations) // 20, f"{len(slow)} of {len(durations)} calls waited"
+
+
+# --- a stream of decisions while Redis dies and comes back ---------------------------------
+
+
+def stream_decisions(limiter, stop, log, lock):
+    """Decide in a loop until `stop`, each request at one level in turn; log every call."""
+    while time.monotonic() < stop:
+        for name, keys in (("user", USER), ("team", TEAM), ("global", GLOBAL)):
+            started = time.monotonic()
+            try:
+                decision, took = timed(limiter.acquire, keys)
+            except Exception as error:  # must never happen: collected and asserted on
+                decision, took = error, 0.0
+            with lock:
+                log.append((started, name, decision, took))
+        time.sleep(0.002)
+
+
+@pytest.mark.slow
+def test_killing_redis_mid_stream_turns_each_level_to_its_fail_mode(disposable_redis):
+    limiter = limiter_on(disposable_redis.url)
+    log, lock = [], threading.Lock()
+    start = time.monotonic()
+    threads = [threading.Thread(target=stream_decisions, args=(limiter, start + 1.0, log, lock))
+               for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)
+    killed_at = time.monotonic()
+    disposable_redis.kill()
+    for thread in threads:
+        thread.join()
+
+    assert [d for *_, d, _ in log if isinstance(d, Exception)] == []
+    assert max(took for *_, took in log) < LONGEST_CALL
+    before = [d for started, _, d, took in log if started + took < killed_at]
+    after = [(name, d) for started, name, d, _ in log if started > killed_at + LONGEST_CALL]
+    assert before and not any(d.degraded for d in before)
+    assert after and all(d.degraded for _, d in after)
+    assert all(d.allowed for name, d in after if name == "user")
+    assert all(d.reason == "STORE_UNAVAILABLE" for name, d in after if name == "team")
+    # The global level's local fallback has 2 of its 8 for the whole process.
+    assert sum(d.allowed for name, d in after if name == "global") <= 2
+
+
+@pytest.mark.slow
+def test_decisions_go_back_to_redis_within_a_second_of_its_restart(disposable_redis):
+    limiter = limiter_on(disposable_redis.url)
+    assert not limiter.acquire(TEAM).degraded
+    disposable_redis.kill()
+    stop = time.monotonic() + 1.5  # long enough for the breaker's backoff to reach its most
+    while time.monotonic() < stop:
+        assert limiter.acquire(TEAM).degraded
+        time.sleep(0.005)
+    disposable_redis.start()  # same port, empty, with no script loaded
+    waited = wait_until_decided_on_redis(limiter, TEAM, within=1.0)
+    assert waited < 1.0
+    decision = limiter.acquire(TEAM)
+    assert decision.allowed and not decision.degraded
+    # The restarted Redis holds the state now: its bucket has the two decisions since.
+    assert limiter.inspect("team", "t")[0]["state"]["tokens"] == 98
+
+
+@pytest.mark.slow
+def test_a_frozen_redis_that_thaws_gets_the_decisions_back(disposable_redis):
+    limiter = limiter_on(disposable_redis.url)
+    assert not limiter.acquire(USER).degraded
+    disposable_redis.freeze()
+    decision, took = timed(limiter.acquire, TEAM)
+    assert decision.reason == "STORE_UNAVAILABLE" and took < LONGEST_CALL
+    disposable_redis.thaw()
+    assert wait_until_decided_on_redis(limiter, TEAM, within=1.0) < 1.0

@@ -1,0 +1,411 @@
+"""The Redis store on a real redis-server: exact across processes, one round trip per
+decision, script cache loss survived, every key named, tagged and expiring.
+
+The engine's behaviour on Redis is covered by the whole engine suite (every test that uses
+`build` runs on both stores) and by test_store_contract.py; this module checks what only
+a shared, remote store has to get right.
+"""
+
+import math
+import multiprocessing
+import re
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from core import (RULES, HierarchicalLimiter, ManualClock, Param, Rule, register,
+                  store_from_url)
+from core.stores.redis import RedisStore, lua_source
+
+from .helpers import (concurrency, fixed_window, gcra, sliding_window, sliding_window_counter,
+                      state_of, token_bucket)
+
+# --- helpers --------------------------------------------------------------------------------
+
+PROCESSES, THREADS = 4, 50
+# The stores here wait far longer than the 50 ms default. On a small machine a flood's 200
+# threads and the server share a couple of CPUs, and a reply later than 50 ms then makes a
+# degraded decision, as it should (test_fail_modes.py checks that); here we judge atomicity.
+GENEROUS_TIMEOUT = 2.0
+QUOTA = "flood_lifetime_quota"
+
+
+class LifetimeQuota(Rule):
+    """A stateful plug-in with no Lua twin (so the Redis store decides it optimistically,
+    with WATCH/MULTI): at most `total` cost per key, ever. Registered by whoever uses it."""
+
+    params = (Param("total", help="Cost allowed over the key's lifetime.", minimum=1),)
+
+    def setup(self):
+        self.capacity = float(self.total)
+
+    def wait(self, state, now, cost, floor):
+        spent = state[2] if state else 0.0
+        return 0.0 if spent + cost + floor <= self.capacity else math.inf
+
+    def take(self, state, now, cost, lease):
+        spent = (state[2] if state else 0.0) + cost
+        return now + 86400, self.capacity - spent, spent
+
+    def remaining(self, state, now):
+        return self.capacity - (state[2] if state else 0.0)
+
+
+@pytest.fixture
+def lifetime_quota():
+    register(QUOTA)(LifetimeQuota)
+    yield {"type": QUOTA}
+    RULES.pop(QUOTA, None)
+
+
+def redis_limiter(url, config, prefix, timeout=GENEROUS_TIMEOUT, **options):
+    """A limiter on its own RedisStore; on the server's clock unless one is given."""
+    store = RedisStore(url=url, prefix=prefix, timeout=timeout)
+    return HierarchicalLimiter.from_config(config, store=store, **options)
+
+
+def decide_in_threads(url, prefix, config, key_sets, process, threads, requests, start, results,
+                      plugins=()):
+    """One process's share of a flood: its own limiter and client on the shared Redis, on the
+    server's clock; `threads` threads, each making `requests` decisions. Runs in a child."""
+    for name in plugins:
+        register(name)(LifetimeQuota)
+    limiter = redis_limiter(url, config, prefix)
+    admitted, degraded, errors = Counter(), Counter(), []
+    lock, ready = threading.Lock(), threading.Barrier(threads)
+
+    def worker(n):
+        ready.wait()
+        for i in range(requests):
+            keys = key_sets[(process * threads + n + i) % len(key_sets)]
+            try:
+                decision = limiter.acquire(keys)
+            except Exception as error:  # reported to the parent, which fails the test
+                errors.append(repr(error))
+                continue
+            with lock:
+                admitted[keys.get("user", "*")] += decision.allowed
+                degraded[decision.degraded] += 1
+
+    workers = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
+    start.wait()  # every process has its limiter: go together
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    results.put((dict(admitted), degraded[True], errors))
+
+
+def flood_from_processes(url, prefix, config, key_sets, requests=1, plugins=()):
+    """PROCESSES processes of THREADS threads decide at once; returns the requests admitted
+    per user, how many decisions were degraded, and any exception raised."""
+    context = multiprocessing.get_context("spawn")  # a clean child: no inherited pool or locks
+    start, results = context.Barrier(PROCESSES), context.Queue()
+    children = [context.Process(target=decide_in_threads,
+                                args=(url, prefix, config, key_sets, p, THREADS, requests,
+                                      start, results, plugins))
+                for p in range(PROCESSES)]
+    for child in children:
+        child.start()
+    try:
+        outcomes = [results.get(timeout=60) for _ in children]
+    finally:
+        for child in children:
+            child.join(timeout=10)
+            if child.is_alive():
+                child.kill()
+    admitted, degraded, errors = Counter(), 0, []
+    for by_user, degraded_here, errors_here in outcomes:
+        admitted.update(by_user)
+        degraded += degraded_here
+        errors += errors_here
+    return admitted, degraded, errors
+
+
+def limiter_keys(client, prefix):
+    return sorted(key.decode() for key in client.scan_iter(match=f"{prefix}:*"))
+
+
+# --- exactness across processes -------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_four_processes_of_fifty_threads_get_exactly_fifty_from_a_bucket_of_fifty(redis_url):
+    config = {"user": [token_bucket(50, 0)]}
+    admitted, degraded, errors = flood_from_processes(redis_url, "flood", config, [{"user": "hot"}])
+    assert errors == []
+    assert degraded == 0
+    assert admitted["hot"] == 50
+    assert state_of(redis_limiter(redis_url, config, "flood"), "user", "hot")["tokens"] == 0
+
+
+@pytest.mark.slow
+def test_four_processes_stop_at_the_team_limit_and_denials_take_nothing_from_the_users(redis_url):
+    # Ten users of 8 tokens (80) in one team of 50: the team binds. 400 requests in all.
+    config = {"user": [token_bucket(8, 0)], "team": [token_bucket(50, 0)],
+              "global": [token_bucket(1000, 0)]}
+    key_sets = [{"user": f"user-{u}", "team": "acme", "global": "*"} for u in range(10)]
+    admitted, degraded, errors = flood_from_processes(redis_url, "teams", config, key_sets,
+                                                      requests=2)
+    assert errors == [] and degraded == 0
+    assert sum(admitted.values()) == 50
+    limiter = redis_limiter(redis_url, config, "teams")
+    assert state_of(limiter, "team", "acme")["tokens"] == 0
+    assert state_of(limiter, "global", "*")["tokens"] == 1000 - 50
+    for keys in key_sets:
+        user = keys["user"]
+        assert admitted[user] <= 8
+        # Every token gone from a user's bucket went to an admitted request.
+        assert state_of(limiter, "user", user)["tokens"] == 8 - admitted[user], user
+
+
+@pytest.mark.slow
+def test_four_processes_get_exactly_the_quota_of_a_plug_in_rule_decided_optimistically(
+        redis_url, lifetime_quota):
+    # A plug-in has no Lua twin: WATCH/MULTI must keep it exact under contention too, and
+    # contention is not an outage: no decision may fall back to a fail mode for it.
+    config = {"user": [{**lifetime_quota, "total": 50}]}
+    admitted, degraded, errors = flood_from_processes(
+        redis_url, "optimistic", config, [{"user": "hot"}], requests=3, plugins=[QUOTA])
+    assert errors == []
+    assert (admitted["hot"], degraded) == (50, 0)
+
+
+@pytest.mark.slow
+def test_more_threads_than_the_client_pool_holds_still_get_exactly_the_capacity(redis_url):
+    # redis-py's default pool holds 100 connections; 150 threads deciding at once need more.
+    limiter = redis_limiter(redis_url, {"user": [token_bucket(50, 0)]}, "pool")
+    ready, decisions, lock = threading.Barrier(150), [], threading.Lock()
+
+    def worker():
+        ready.wait()
+        for _ in range(2):
+            decision = limiter.acquire({"user": "hot"})
+            with lock:
+                decisions.append(decision)
+
+    workers = [threading.Thread(target=worker) for _ in range(150)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    assert sum(d.degraded for d in decisions) == 0
+    assert sum(d.allowed for d in decisions) == 50
+
+
+# --- one round trip per decision -----------------------------------------------------------
+
+# Three levels, every built-in rule type, a shadow rule: one script call decides them all.
+EVERY_RULE = {
+    "user": [token_bucket(5, 1), sliding_window(3, 60, counts="requests")],
+    "team": [gcra(2, 4), fixed_window(20, 60), concurrency(50)],
+    "global": [sliding_window_counter(100, 60), token_bucket(2, 0.1, shadow=True)],
+}
+# The commands the Lua scripts may run: Redis 7.0 counts those in commandstats too.
+SCRIPT_COMMANDS = {name.lower() for name in re.findall(r"redis\.call\('(\w+)'", lua_source())}
+
+
+def stream_of_decisions(limiter, count):
+    """`count` decisions over a few key sets: allowed ones, denials, some holding a lease."""
+    return [limiter.acquire({"user": f"user-{i % 3}", "team": "acme", "global": "*"})
+            for i in range(count)]
+
+
+def test_each_decision_is_one_evalsha_in_commandstats(redis_url, redis_server):
+    limiter = redis_limiter(redis_url, EVERY_RULE, "trips")
+    stream_of_decisions(limiter, 1)  # connects and loads the script: not the hot path
+    admin = redis_server.client()
+    admin.config_resetstat()
+    decisions = stream_of_decisions(limiter, 30)
+    stats = admin.info("commandstats")
+    assert {d.allowed for d in decisions} == {True, False}
+    assert stats["cmdstat_evalsha"]["calls"] == 30
+    assert stats["cmdstat_evalsha"]["failed_calls"] == 0
+    # Redis 7.0 also counts, here and in total_commands_processed, every command a script
+    # runs (GET, SET, ZADD, TIME...), so neither total tells the client's commands apart.
+    # What can be asserted: besides EVALSHA, only commands the scripts run and our own
+    # RESETSTAT and INFO show up. No EVAL, SCRIPT LOAD, GET of a key, PING or MULTI: the
+    # next test checks on the wire that the client sent EVALSHA and nothing else.
+    others = {name.removeprefix("cmdstat_") for name in stats} - {"evalsha"}
+    assert others <= SCRIPT_COMMANDS | {"config|resetstat", "info"}, others - SCRIPT_COMMANDS
+
+
+def test_the_client_sends_nothing_but_one_evalsha_per_decision(redis_url, redis_server):
+    limiter = redis_limiter(redis_url, EVERY_RULE, "wire")
+    stream_of_decisions(limiter, 1)
+    watcher, marker = redis_server.client(socket_timeout=5), redis_server.client()
+    marker.ping()  # connected now, so that its ECHO below comes without a HELLO
+    sent = []
+    with watcher.monitor() as monitor:  # MONITOR tells a client's commands from a script's
+        decisions = stream_of_decisions(limiter, 20)
+        marker.echo("end of the stream")
+        for command in monitor.listen():
+            if command["command"] == "ECHO end of the stream":
+                break
+            if command["client_type"] != "lua":
+                sent.append(command["command"].split()[0])
+    assert {d.allowed for d in decisions} == {True, False}
+    assert sent == ["EVALSHA"] * 20
+
+
+# --- script cache loss ---------------------------------------------------------------------
+
+
+def test_a_script_flush_mid_stream_costs_no_error_and_counts_nothing_twice(redis_url, redis_server):
+    config = {"user": [token_bucket(30, 0)], "team": [sliding_window(1000, 3600)]}
+    limiter = redis_limiter(redis_url, config, "flush", clock=ManualClock())
+    admin = redis_server.client()
+    decisions = []
+    for i in range(50):
+        if i in (0, 10, 11, 29, 30):
+            admin.script_flush()
+        decisions.append(limiter.acquire({"user": "u", "team": "t"}))
+    assert [d.allowed for d in decisions] == [True] * 30 + [False] * 20
+    assert not any(d.degraded for d in decisions)
+    # The team's log holds one entry per admitted request: no script ran twice.
+    assert state_of(limiter, "team", "t")["entries"] == 30
+
+
+def test_script_flushes_under_a_flood_of_threads_count_every_admitted_request_once(
+        redis_url, redis_server):
+    config = {"user": [token_bucket(1000, 0)], "team": [sliding_window(1000, 3600)]}
+    limiter = redis_limiter(redis_url, config, "flushes", clock=ManualClock())
+    admin, decisions, lock = redis_server.client(), [], threading.Lock()
+
+    def worker():
+        for _ in range(40):
+            decision = limiter.acquire({"user": "u", "team": "t"})
+            with lock:
+                decisions.append(decision)
+
+    workers = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in workers:
+        thread.start()
+    flushes = 0
+    while any(thread.is_alive() for thread in workers):
+        if len(decisions) >= 60 * (flushes + 1):  # every 60 decisions, while threads decide
+            admin.script_flush()
+            flushes += 1
+        time.sleep(0.0005)
+    for thread in workers:
+        thread.join()
+    assert flushes >= 4
+    assert len(decisions) == 320
+    assert all(d.allowed and not d.degraded for d in decisions)
+    assert state_of(limiter, "user", "u")["tokens"] == 1000 - 320
+    assert state_of(limiter, "team", "t")["entries"] == 320
+
+
+# --- keys: names, hash tags, expiry ---------------------------------------------------------
+
+
+def test_every_key_carries_the_prefix_and_a_hash_tag_of_its_level_and_key(redis_url, redis_server):
+    limiter = redis_limiter(redis_url, EVERY_RULE, "acme-limits")
+    limiter.acquire({"user": "u1", "team": "t1", "global": "*"})
+    keys = limiter_keys(redis_server.client(), "acme-limits")
+    assert len(keys) == 7  # one per stateful rule, the shadow rule's too
+    tags = Counter()
+    for key in keys:
+        match = re.fullmatch(r"acme-limits:\{([^{}]+)\}:[0-9a-z]+", key)
+        assert match, key
+        tags[match.group(1)] += 1
+    # Two rules of one key share its tag: its state stays on one cluster node.
+    assert tags == {"user:u1": 2, "team:t1": 3, "global:*": 2}
+
+
+def test_two_prefixes_on_one_server_share_nothing(redis_url):
+    config = {"user": [token_bucket(1, 0)]}
+    first, second = (redis_limiter(redis_url, config, prefix) for prefix in ("one", "two"))
+    assert first.acquire({"user": "u"}).allowed
+    assert second.acquire({"user": "u"}).allowed
+    assert not first.acquire({"user": "u"}).allowed
+
+
+@pytest.mark.parametrize("clock_kind", ["server clock", "injected clock"])
+def test_every_limiter_key_has_a_ttl_after_a_mixed_workload(redis_url, redis_server, clock_kind):
+    clock = ManualClock(1000.0) if clock_kind == "injected clock" else None
+    limiter = redis_limiter(redis_url, EVERY_RULE, "ttl", clock=clock,
+                            priorities={"batch": {"watermark": 0.5}})
+    held = []
+    for i in range(60):
+        keys = {"user": f"user-{i % 4}", "team": f"team-{i % 2}", "global": "*"}
+        decision = limiter.acquire(keys, cost=1 + i % 3, priority="batch" if i % 5 == 0 else None)
+        if decision.lease:
+            held.append((keys, decision.lease))
+        if i % 7 == 0:
+            limiter.explain(keys, 2)
+        if clock is not None:
+            clock.advance(0.5)
+    for keys, lease in held[::2]:
+        limiter.release(keys, lease)
+    limiter.reset("user", "user-3")
+    client = redis_server.client()
+    keys = limiter_keys(client, "ttl")
+    assert len({key.rsplit(":", 1)[1] for key in keys}) == 7  # every rule has state somewhere
+    no_expiry = [key for key in keys if not client.pttl(key) > 0]
+    assert no_expiry == []
+
+
+# --- the optimistic path of plug-in rules ----------------------------------------------------
+
+
+def test_a_denial_on_the_optimistic_path_after_a_log_emptied_raises_nothing(redis_url,
+                                                                            lifetime_quota):
+    # Rewriting a log with no entry left once sent RPUSH without values: a ResponseError.
+    clock = ManualClock()
+    config = {"user": [{**lifetime_quota, "total": 1}, sliding_window(5, 10)]}
+    limiter = redis_limiter(redis_url, config, "emptied", clock=clock)
+    assert limiter.acquire({"user": "u"}).allowed
+    clock.advance(10)  # the log's one entry leaves the window
+    denied = limiter.acquire({"user": "u"})  # the quota denies
+    assert not denied.allowed
+    assert denied.blocked_by == f"user: {QUOTA}(1)"
+
+
+BESIDE_A_PLUG_IN = {
+    "token_bucket": token_bucket(10, 1),
+    "token_bucket that never refills": token_bucket(10, 0),
+    "gcra": gcra(1, 10),
+    "fixed_window": fixed_window(10, 60),
+    "sliding_window": sliding_window(10, 60),
+    "sliding_window_counter": sliding_window_counter(10, 60),
+    "concurrency": concurrency(10, lease=60),
+}
+
+
+@pytest.mark.parametrize("spec", BESIDE_A_PLUG_IN.values(), ids=BESIDE_A_PLUG_IN.keys())
+def test_a_denial_on_the_optimistic_path_leaves_the_other_rules_expiry_alone(
+        redis_url, redis_server, lifetime_quota, spec):
+    # Beside a plug-in, built-in rules are written from Python. A denial takes nothing, so
+    # no state may come out of it expiring sooner than it went in: a state that expires
+    # early is a limit that starts afresh early.
+    limiter = redis_limiter(redis_url, {"user": [{**lifetime_quota, "total": 2}, spec]},
+                            "expiry", clock=ManualClock())
+    assert [limiter.acquire({"user": "u"}).allowed for _ in range(2)] == [True, True]
+    client = redis_server.client()
+    key = limiter.store.key_name("user", "u", limiter.levels["user"][1])
+    before = client.pttl(key)
+    assert not limiter.acquire({"user": "u"}).allowed
+    assert client.pttl(key) > before - 500, f"PTTL was {before} ms before the denial"
+
+
+# --- choosing the store by URL --------------------------------------------------------------
+
+
+def test_a_redis_url_gives_a_redis_store_that_decides_on_that_server(redis_url, redis_server):
+    store = store_from_url(redis_url)
+    assert isinstance(store, RedisStore)
+    limiter = HierarchicalLimiter.from_config({"user": [token_bucket(1, 0)]}, store=store)
+    assert [limiter.acquire({"user": "u"}).allowed for _ in range(2)] == [True, False]
+    assert limiter_keys(redis_server.client(), "la") != []  # the default prefix
+    store.close()
+
+
+def test_store_options_pass_through_the_url(redis_url, redis_server):
+    store = store_from_url(redis_url, prefix="tenant-a")
+    limiter = HierarchicalLimiter.from_config({"user": [token_bucket(1, 0)]}, store=store)
+    limiter.acquire({"user": "u"})
+    assert len(limiter_keys(redis_server.client(), "tenant-a")) == 1
+    store.close()

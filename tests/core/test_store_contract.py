@@ -1,0 +1,225 @@
+"""The stores' contract, property-based: for any sequence of requests, time steps, releases,
+dry runs and inspections, the in-process store and a real Redis decide exactly alike.
+
+The engine suite runs on both stores through the `build` fixture (conftest.py); here
+hypothesis looks for a sequence that no hand-written test thought of. Both limiters share
+one manual clock, so the only difference between them is where the state lives.
+"""
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import pytest
+import redis
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from core import RULES, HierarchicalLimiter, ManualClock, MemoryStore, Param, Rule, register
+from core.stores.redis import RedisStore
+
+from .helpers import (concurrency, fixed_window, gcra, sliding_window, sliding_window_counter,
+                      token_bucket)
+
+# All six rule types over three levels, with a label, a rule that counts requests, a bucket
+# that never refills, a shadow rule and a priority watermark at two levels.
+# Limits are small, so that short sequences run into every one of them.
+CONFIG = {
+    "user": [token_bucket(3, 1, label="USER_BURST"), sliding_window(3, 10, counts="requests")],
+    "team": [gcra(1, 2.5), fixed_window(3, 5), concurrency(2, lease=7)],
+    "global": [sliding_window_counter(6, 4), token_bucket(8, 0),
+               token_bucket(2, 0.5, shadow=True)],
+}
+PRIORITIES = {"batch": {"watermark": 0.25, "levels": ["team", "global"]}}
+WINDOWS = (4.0, 5.0, 10.0)  # the windows above: their boundaries are edges worth landing on
+QUOTA = "contract_lifetime_quota"
+
+_prefixes = itertools.count(1)
+
+
+# --- the operations a sequence is made of --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Acquire:
+    keys: dict
+    cost: float
+    priority: str | None
+
+
+@dataclass(frozen=True)
+class Explain:
+    keys: dict
+    cost: float
+    priority: str | None
+
+
+@dataclass(frozen=True)
+class Inspect:
+    level: str
+    key: str
+
+
+@dataclass(frozen=True)
+class Release:
+    which: int  # index into the leases held so far, modulo their number
+
+
+@dataclass(frozen=True)
+class Advance:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class AdvanceToRetry:
+    """Wait exactly the retry_after of the last denial: the edge where it must fit."""
+
+
+@dataclass(frozen=True)
+class AdvanceToBoundary:
+    window: float
+
+
+USERS, TEAMS = ("ann", "bob"), ("red", "blue")
+keys_strategy = st.fixed_dictionaries({}, optional={
+    "user": st.sampled_from(USERS), "team": st.sampled_from(TEAMS), "global": st.just("*")})
+costs = st.one_of(st.sampled_from([1, 2, 0.5, 0.25, 1.5, 3]),
+                  st.floats(min_value=0.01, max_value=5, allow_nan=False))
+priorities = st.sampled_from([None, None, "batch"])
+seconds = st.one_of(st.sampled_from([0.0, 1e-6, 0.25, 0.5, 1.0, 2.0, 2.5, 4.0, 5.0, 7.0, 10.0]),
+                    st.floats(min_value=0, max_value=12, allow_nan=False))
+others = st.one_of(
+    st.none(),
+    st.builds(Explain, keys_strategy, costs, priorities),
+    st.builds(Inspect, st.sampled_from(["user", "team", "global"]),
+              st.sampled_from(USERS + TEAMS + ("*",))),
+    st.builds(Release, st.integers(0, 20)),
+    st.builds(Advance, seconds),
+    st.builds(AdvanceToRetry),
+    st.builds(AdvanceToBoundary, st.sampled_from(WINDOWS)),
+)
+# Each step is a request, then perhaps something else: requests are what matter most.
+steps = st.tuples(st.builds(Acquire, keys_strategy, costs, priorities), others)
+starts = st.sampled_from([0.0, 1000.0, 1_700_000_000.25])  # the last: Unix time, as on Redis
+
+
+# --- replaying a sequence on both stores ----------------------------------------------------
+
+
+def close(value):
+    return pytest.approx(value, rel=1e-9, abs=1e-9)
+
+
+def assert_same_decision(on_memory, on_redis):
+    exact = ("allowed", "blocked_by", "reason", "degraded", "shadow_blocked")
+    assert {f: getattr(on_redis, f) for f in exact} == {f: getattr(on_memory, f) for f in exact}
+    assert on_redis.retry_after == close(on_memory.retry_after)
+    assert on_redis.remaining == close(on_memory.remaining)
+    assert (on_redis.lease is None) == (on_memory.lease is None)
+
+
+def assert_same_rows(on_memory, on_redis):
+    assert len(on_redis) == len(on_memory)
+    for memory_row, redis_row in zip(on_memory, on_redis):
+        numbers = {"wait", "remaining", "state"}
+        assert {k: v for k, v in redis_row.items() if k not in numbers} == \
+            {k: v for k, v in memory_row.items() if k not in numbers}
+        for field in numbers & set(memory_row):
+            assert redis_row[field] == close(memory_row[field]), field
+
+
+def replay(steps, clock, memory, on_redis):
+    """Apply every operation to both limiters and compare what each one answers."""
+    leases, last_wait = [], None
+    for op in (op for step in steps for op in step if op is not None):
+        if isinstance(op, Acquire):
+            pair = (memory.acquire(op.keys, op.cost, op.priority),
+                    on_redis.acquire(op.keys, op.cost, op.priority))
+            assert_same_decision(*pair)
+            if pair[0].lease:
+                leases.append((op.keys, *pair))
+            if not pair[0].allowed:
+                last_wait = pair[0].retry_after
+        elif isinstance(op, Explain):
+            (decision, rows), (redis_decision, redis_rows) = (
+                memory.explain(op.keys, op.cost, op.priority),
+                on_redis.explain(op.keys, op.cost, op.priority))
+            assert_same_decision(decision, redis_decision)
+            assert_same_rows(rows, redis_rows)
+        elif isinstance(op, Inspect):
+            assert_same_rows(memory.inspect(op.level, op.key), on_redis.inspect(op.level, op.key))
+        elif isinstance(op, Release) and leases:
+            keys, held, redis_held = leases[op.which % len(leases)]
+            assert on_redis.release(keys, redis_held.lease) == memory.release(keys, held.lease)
+        elif isinstance(op, Advance):
+            clock.advance(op.seconds)
+        elif isinstance(op, AdvanceToRetry) and last_wait is not None and math.isfinite(last_wait):
+            clock.advance(last_wait)
+        elif isinstance(op, AdvanceToBoundary):
+            clock.now = (math.floor(clock.now / op.window) + 1) * op.window
+
+
+@pytest.fixture(scope="module")
+def redis_client(redis_server):
+    """One client for every example; each example's store has a prefix of its own."""
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def lifetime_quota():
+    """A stateful plug-in with no Lua twin: on Redis it takes the optimistic path."""
+
+    @register(QUOTA)
+    class LifetimeQuota(Rule):
+        params = (Param("total", help="Cost allowed over the key's lifetime.", minimum=1),)
+
+        def setup(self):
+            self.capacity = float(self.total)
+
+        def wait(self, state, now, cost, floor):
+            spent = state[2] if state else 0.0
+            return 0.0 if spent + cost + floor <= self.capacity + 1e-9 else math.inf
+
+        def take(self, state, now, cost, lease):
+            spent = (state[2] if state else 0.0) + cost
+            return now + 86400, self.capacity - spent, spent
+
+        def remaining(self, state, now):
+            return self.capacity - (state[2] if state else 0.0)
+
+    yield LifetimeQuota
+    RULES.pop(QUOTA, None)
+
+
+def both_stores(config, clock, client):
+    memory = HierarchicalLimiter.from_config(config, store=MemoryStore(), clock=clock,
+                                             priorities=PRIORITIES)
+    store = RedisStore(client=client, prefix=f"contract{next(_prefixes)}")
+    return memory, HierarchicalLimiter.from_config(config, store=store, clock=clock,
+                                                   priorities=PRIORITIES)
+
+
+class TestBothStoresDecideAlike:
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(start=starts, ops=st.lists(steps, min_size=5, max_size=40))
+    def test_for_any_sequence_of_requests_and_time_steps(self, redis_client, start, ops):
+        clock = ManualClock(start)
+        replay(ops, clock, *both_stores(CONFIG, clock, redis_client))
+
+    @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(start=starts, ops=st.lists(steps, min_size=5, max_size=30))
+    # Found by this test: ann's only log entry has left the window when the gcra denies,
+    # and rewriting her emptied log sent RPUSH without values. Kept as an explicit example:
+    # should it come back, it fails at once, without a long shrink through Redis.
+    @example(start=0.0, ops=[(Acquire({"user": "ann", "team": "red"}, 2, None), Advance(10.0)),
+                             (Acquire({"team": "red"}, 2, None), None),
+                             (Acquire({"user": "ann", "team": "red"}, 2, None), None)])
+    def test_when_a_plug_in_sends_a_level_down_the_optimistic_path(self, redis_client,
+                                                                   lifetime_quota, start, ops):
+        # The team's built-in rules are then read and written from Python (WATCH/MULTI)
+        # rather than by their Lua twins: their state must round-trip exactly.
+        config = {**CONFIG, "team": [{"type": QUOTA, "total": 30}, *CONFIG["team"]]}
+        clock = ManualClock(start)
+        replay(ops, clock, *both_stores(config, clock, redis_client))

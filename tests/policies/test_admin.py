@@ -1,0 +1,192 @@
+"""The admin console: rules inline with their parameters' help, tenant search and filters,
+optimistic locking on tiers and tenants, and the audit trail."""
+
+import json
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth import get_user_model
+
+from policies.models import Level, PolicySettings, PolicyVersion, PriorityClass, Rule, Tenant, Tier
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def operator(client):
+    user = get_user_model().objects.create_superuser("operator", password="pw-for-tests")
+    client.force_login(user)
+    return user
+
+
+@pytest.fixture
+def loaded(load, policy):
+    load(policy)
+
+
+def tier_form(tier, version=None, rules=None, **changes):
+    """The POST of a tier's change page, as the browser would send it."""
+    rules = list(tier.rules.all()) if rules is None else rules
+    data = {"name": tier.name, "opened_version": tier.version if version is None else version,
+            "rules-TOTAL_FORMS": len(rules), "rules-INITIAL_FORMS": len(rules),
+            "rules-MIN_NUM_FORMS": 0, "rules-MAX_NUM_FORMS": 1000}
+    for i, rule in enumerate(rules):
+        data |= {f"rules-{i}-id": rule.pk, f"rules-{i}-tier": tier.pk, f"rules-{i}-level": rule.level_id,
+                 f"rules-{i}-type": rule.type, f"rules-{i}-params": json.dumps(rule.params),
+                 f"rules-{i}-label": rule.label, f"rules-{i}-counts": rule.counts,
+                 f"rules-{i}-position": rule.position}
+        if rule.shadow:
+            data[f"rules-{i}-shadow"] = "on"
+    data.update(changes)
+    return data
+
+
+def test_every_model_is_registered():
+    for model in (Level, Tier, Tenant, Rule, PriorityClass, PolicySettings, PolicyVersion):
+        assert admin.site.is_registered(model)
+
+
+def test_the_tier_page_shows_its_rules_with_each_parameters_help(client, operator, loaded):
+    pro = Tier.objects.get(name="pro")
+    page = client.get(f"/admin/policies/tier/{pro.pk}/change/").content.decode()
+    assert "Most tokens the bucket holds: the largest burst." in page  # token_bucket's capacity
+    assert "Length of the window in seconds." in page  # sliding_window's window
+    assert 'name="opened_version"' in page and 'type="hidden"' in page
+    assert "RPM_LIMIT" in page
+
+
+def test_the_tenant_page_shows_its_overrides_inline(client, operator, loaded):
+    bigco = Tenant.objects.get(key="bigco")
+    page = client.get(f"/admin/policies/tenant/{bigco.pk}/change/").content.decode()
+    assert "replace the tier" in page and "600" in page
+
+
+def test_a_save_with_the_version_it_was_opened_at_goes_through(client, operator, loaded):
+    pro = Tier.objects.get(name="pro")
+    rules = list(pro.rules.all())
+    rules[0].params = {**rules[0].params, "limit": 900}
+    response = client.post(f"/admin/policies/tier/{pro.pk}/change/", tier_form(pro, rules=rules))
+    assert response.status_code == 302
+    assert Tier.objects.get(pk=pro.pk).version == pro.version + 1
+    assert Rule.objects.get(pk=rules[0].pk).params["limit"] == 900
+
+
+def test_a_save_of_a_tier_changed_since_it_was_opened_is_refused(client, operator, loaded, commits):
+    pro = Tier.objects.get(name="pro")
+    opened = tier_form(pro)  # the page as it was opened
+    someone_else = Tier.objects.get(pk=pro.pk)
+    someone_else.name = "professional"
+    someone_else.save()
+
+    opened["name"] = "pro-plus"
+    response = client.post(f"/admin/policies/tier/{pro.pk}/change/", opened)
+
+    assert response.status_code == 200
+    assert "changed since you opened it" in response.content.decode()
+    assert Tier.objects.get(pk=pro.pk).name == "professional"
+
+
+def test_a_save_of_a_tenant_changed_since_it_was_opened_is_refused(client, operator, loaded):
+    acme = Tenant.objects.get(key="acme")
+    free = Tier.objects.get(name="free")
+    form = {"key": "acme", "tier": free.pk, "overrides_until": "", "opened_version": acme.version,
+            "rules-TOTAL_FORMS": 0, "rules-INITIAL_FORMS": 0, "rules-MIN_NUM_FORMS": 0, "rules-MAX_NUM_FORMS": 1000}
+    acme.overrides_until = None
+    acme.save()  # someone else saved meanwhile
+
+    response = client.post(f"/admin/policies/tenant/{acme.pk}/change/", form)
+
+    assert "changed since you opened it" in response.content.decode()
+    assert Tenant.objects.get(pk=acme.pk).tier.name == "pro"
+
+
+def test_a_stale_copy_saved_in_code_is_refused_too(loaded):
+    from policies.models import StaleVersion
+
+    first, second = Tier.objects.get(name="pro"), Tier.objects.get(name="pro")
+    first.save()
+    with pytest.raises(StaleVersion, match="changed since you opened it"):
+        second.save()
+
+
+def test_a_tier_with_no_rules_is_refused(client, operator, loaded):
+    free = Tier.objects.get(name="free")
+    data = tier_form(free)
+    data |= {"rules-0-DELETE": "on", "rules-1-DELETE": "on"}
+    response = client.post(f"/admin/policies/tier/{free.pk}/change/", data)
+    assert "A tier needs at least one rule." in response.content.decode()
+    assert free.rules.count() == 2
+
+
+def test_a_bad_parameter_is_refused_on_the_inline_naming_it(client, operator, loaded):
+    free = Tier.objects.get(name="free")
+    rules = list(free.rules.all())
+    rules[0].params = {"capacity": "lots", "per_second": 1}
+    response = client.post(f"/admin/policies/tier/{free.pk}/change/", tier_form(free, rules=rules))
+    assert "capacity: must be a number, not str" in response.content.decode()
+
+
+def test_a_rule_that_repeats_a_global_rule_is_refused(client, operator, loaded):
+    free = Tier.objects.get(name="free")
+    rules = list(free.rules.all())
+    rules[0].level = Level.objects.get(name="global")
+    rules[0].params = {"capacity": 100000, "per_second": 10000}
+    response = client.post(f"/admin/policies/tier/{free.pk}/change/", tier_form(free, rules=rules))
+    assert "repeats rule" in response.content.decode()
+
+
+def test_tenants_can_be_searched_and_filtered(client, operator, loaded):
+    pro = Tier.objects.get(name="pro")
+    page = client.get("/admin/policies/tenant/", {"q": "big"}).content.decode()
+    assert "bigco" in page and "acme" not in page
+    page = client.get("/admin/policies/tenant/", {"overrides": "yes"}).content.decode()
+    assert "bigco" in page and "acme" not in page
+    page = client.get("/admin/policies/tenant/", {"overrides": "no", "tier__id__exact": pro.pk}).content.decode()
+    assert "acme" in page and "bigco" not in page
+    assert client.get("/admin/policies/tenant/", {"overrides": "active"}).status_code == 200
+
+
+def test_every_changelist_and_add_page_renders(client, operator, loaded):
+    for model in ("level", "tier", "tenant", "rule", "priorityclass", "policysettings", "policyversion"):
+        assert client.get(f"/admin/policies/{model}/").status_code == 200, model
+    for model in ("level", "tier", "tenant", "rule", "priorityclass"):
+        assert client.get(f"/admin/policies/{model}/add/").status_code == 200, model
+
+
+def test_changes_are_recorded_with_the_operator_and_shown_in_the_history(client, operator, loaded):
+    pro = Tier.objects.get(name="pro")
+    assert pro.history.count() == 1  # created by the load
+    client.post(f"/admin/policies/tier/{pro.pk}/change/", tier_form(pro, name="pro2"))
+
+    latest = Tier.objects.get(pk=pro.pk).history.first()
+    assert (latest.name, latest.history_type, latest.history_user) == ("pro2", "~", operator)
+    page = client.get(f"/admin/policies/tier/{pro.pk}/history/").content.decode()
+    assert "pro2" in page and "operator" in page
+
+
+def test_rule_and_tenant_changes_are_audited(loaded):
+    rule = Rule.objects.filter(tier__name="pro").first()
+    rule.label = "NEW_LABEL"
+    rule.save()
+    assert rule.history.first().label == "NEW_LABEL"
+    tenant = Tenant.objects.get(key="acme")
+    tenant.delete()
+    assert Tenant.history.filter(key="acme", history_type="-").exists()
+
+
+def test_a_save_that_loses_the_race_after_the_check_is_rolled_back_not_a_500(client, operator, loaded, monkeypatch):
+    from policies.admin import VersionedForm
+
+    pro = Tier.objects.get(name="pro")
+    real_clean = VersionedForm.clean
+
+    def someone_saves_right_after_the_check(form):
+        data = real_clean(form)
+        Tier.objects.filter(pk=pro.pk).update(version=pro.version + 5)  # another save lands here
+        return data
+
+    monkeypatch.setattr(VersionedForm, "clean", someone_saves_right_after_the_check)
+    response = client.post(f"/admin/policies/tier/{pro.pk}/change/", tier_form(pro, name="renamed"), follow=True)
+
+    assert "changed since you opened it" in response.content.decode()
+    assert Tier.objects.get(pk=pro.pk).name == "pro"

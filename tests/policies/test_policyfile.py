@@ -1,0 +1,218 @@
+"""loadpolicies and exportpolicies: a bad file changes nothing and names the field; an
+export loads back to the same store."""
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from core import ConfigError
+from policies.models import Level, PolicySettings, PriorityClass, Rule, Tenant, Tier
+from policies.policyfile import check_document, export_policy, load_policy
+
+pytestmark = pytest.mark.django_db
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "policies" / "fixtures" / "demo.yaml"
+
+
+def snapshot():
+    """Everything in the store, as comparable data."""
+    return {
+        "levels": list(Level.objects.values_list("name", "position", "fail_mode", "fallback_fraction")),
+        "tiers": list(Tier.objects.values_list("name", "version")),
+        "tenants": list(Tenant.objects.values_list("key", "tier__name", "overrides_until", "version")),
+        "rules": sorted(Rule.objects.values_list(
+            "tier__name", "tenant__key", "level__name", "type", "params", "label", "shadow", "counts", "position"),
+            key=repr),
+        "priorities": [(p.name, p.watermark, sorted(lv.name for lv in p.levels.all()))
+                       for p in PriorityClass.objects.all()],
+        "default_tier": PolicySettings.objects.filter(pk=1).values_list("default_tier__name", flat=True).first(),
+    }
+
+
+def write(tmp_path, doc, name="policy.yaml"):
+    path = tmp_path / name
+    path.write_text(json.dumps(doc) if name.endswith(".json") else yaml.safe_dump(doc))
+    return path
+
+
+def load_file(path, commits):
+    with commits():
+        call_command("loadpolicies", str(path), stdout=io.StringIO())
+
+
+def test_it_loads_the_spec_example(load, policy):
+    load(policy)
+    assert list(Level.objects.values_list("name", flat=True)) == ["user", "team", "global"]
+    assert Tenant.objects.get(key="bigco").rules.get().params == {"capacity": 600, "per_second": 10}
+    assert PolicySettings.load().default_tier.name == "free"
+    assert Rule.objects.filter(tier=None, tenant=None).get().level.name == "global"
+
+
+def test_a_bad_file_exits_non_zero_naming_the_file_the_field_and_the_reason(tmp_path, load, policy, commits):
+    load(policy)
+    before = snapshot()
+    policy["tiers"]["pro"]["user"][0] = {"type": "token_bucket", "capacity": -5, "per_second": 1}
+    policy["tenants"]["newco"] = {"tier": "free"}
+    path = write(tmp_path, policy)
+
+    with pytest.raises(CommandError) as caught:
+        load_file(path, commits)
+
+    assert str(caught.value).startswith(f"{path}: tiers.pro.user[0].capacity: must be greater than 0")
+    assert snapshot() == before
+
+
+def test_a_failure_while_writing_rolls_everything_back(tmp_path, load, policy, commits):
+    load(policy)
+    before = snapshot()
+    policy["tenants"]["x" * 150 + "!" * 40] = {"tier": "free"}  # passes the file checks
+    policy["levels"][0]["fail_mode"] = "closed"  # written first, then rolled back
+    policy["tenants"]["acme"]["tier"] = "free"
+    # A tier name the model refuses only at save time (too long for the column).
+    policy["tiers"]["t" * 80] = policy["tiers"]["free"]
+
+    with pytest.raises(CommandError, match=r"tiers\.t+\.name"):
+        load_file(write(tmp_path, policy), commits)
+    assert snapshot() == before
+
+
+def test_the_command_runs_as_a_process_and_exits_non_zero(tmp_path):
+    bad = write(tmp_path, {"tiers": {"pro": {"user": [{"type": "leaky"}]}}})
+    result = subprocess.run([sys.executable, "manage.py", "loadpolicies", str(bad)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60,
+                            env={"PATH": "/usr/bin:/bin", "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}"})
+    assert result.returncode == 1
+    assert f"{bad}: tiers.pro.user[0].type: unknown rule type 'leaky'" in result.stderr
+
+
+@pytest.mark.parametrize("change, path, reason", [
+    (lambda p: p["tiers"]["pro"]["user"][1].pop("capacity"), "tiers.pro.user[1].capacity", "is required"),
+    (lambda p: p["tiers"]["pro"].update(minute=[]), "tiers.pro.minute", "unknown level"),
+    (lambda p: p["tiers"].update(empty={}), "tiers.empty", "at least one rule"),
+    (lambda p: p.update(default_tier="gold"), "default_tier", "unknown tier 'gold'"),
+    (lambda p: p["tenants"]["acme"].update(tier="gold"), "tenants.acme.tier", "unknown tier"),
+    (lambda p: p["tenants"]["bigco"].update(overrides_until="soon"), "tenants.bigco.overrides_until", "date"),
+    (lambda p: p["priorities"]["batch"].update(levels=["region"]), "priorities.batch.levels[0]", "unknown level"),
+    (lambda p: p["priorities"]["batch"].update(watermark=1.5), "priorities.batch.watermark", "up to"),
+    (lambda p: p["levels"][2].update(fail_mode="maybe"), "levels[2].fail_mode", "must be one of"),
+    (lambda p: p["levels"].append({"name": "user"}), "levels[3].name", "appears twice"),
+    (lambda p: p["tiers"]["free"]["global"].append(p["global"][0]) if "global" in p["tiers"]["free"]
+     else p["tiers"]["free"].update({"global": list(p["global"])}), "tiers.free.global[1]", "repeats rule"),
+    (lambda p: p.update(tennants={}), "tennants", "unknown field"),
+])
+def test_a_bad_document_names_the_field(policy, change, path, reason):
+    change(policy)
+    with pytest.raises(ConfigError) as caught:
+        check_document(policy)
+    assert caught.value.path == path
+    assert reason in caught.value.reason
+
+
+def test_export_then_load_gives_the_same_store(tmp_path, load, policy, commits):
+    policy["tiers"]["pro"]["user"][0].update(shadow=True, counts="requests")
+    policy["global"] = {"global": policy["global"], "team": [{"type": "concurrency", "limit": 500}]}
+    load(policy)
+    before = snapshot()
+    exported = tmp_path / "export.yaml"
+    call_command("exportpolicies", str(exported), stdout=io.StringIO())
+
+    load_file(exported, commits)
+
+    assert snapshot() == before  # nothing changed, not even a version
+    for model in (Rule, Tenant, PolicySettings, Tier, PriorityClass, Level):
+        model.objects.all().delete()
+    load_file(exported, commits)
+    after = snapshot()
+    assert {k: v for k, v in after.items() if k not in ("tiers", "tenants")} == \
+        {k: v for k, v in before.items() if k not in ("tiers", "tenants")}
+    assert export_policy() == yaml.safe_load(exported.read_text())
+
+
+def test_export_of_the_spec_example_is_the_example(load, policy):
+    load(policy)
+    exported = export_policy()
+    assert exported["tiers"]["pro"] == policy["tiers"]["pro"]
+    assert exported["global"] == policy["global"]
+    assert exported["tenants"]["bigco"] == policy["tenants"]["bigco"]
+    assert exported["priorities"] == policy["priorities"]
+    assert exported["levels"][2] == policy["levels"][2]
+
+
+def test_json_files_load_and_export(tmp_path, policy, commits):
+    load_file(write(tmp_path, policy, "policy.json"), commits)
+    out = io.StringIO()
+    call_command("exportpolicies", stdout=out)
+    assert yaml.safe_load(out.getvalue())["tenants"]["acme"] == {"tier": "pro"}
+    target = tmp_path / "out.json"
+    call_command("exportpolicies", str(target), stdout=io.StringIO())
+    assert json.loads(target.read_text())["default_tier"] == "free"
+
+
+def test_loading_replaces_what_the_file_leaves_out(load, policy):
+    load(policy)
+    del policy["tenants"]["bigco"]
+    del policy["priorities"]["batch"]
+    policy["tiers"]["free"]["user"] = [{"type": "gcra", "rate": 1, "burst": 5}]
+    load(policy)
+    assert not Tenant.objects.filter(key="bigco").exists()
+    assert not Rule.objects.filter(tenant__isnull=False).exists()
+    assert list(PriorityClass.objects.values_list("name", flat=True)) == ["interactive"]
+    assert Rule.objects.get(tier__name="free", level__name="user").type == "gcra"
+
+
+def test_a_load_bumps_the_version_of_tiers_whose_rules_changed_only(load, policy):
+    load(policy)
+    policy["tiers"]["free"]["team"][0]["capacity"] = 150
+    load(policy)
+    assert dict(Tier.objects.values_list("name", "version")) == {"free": 2, "pro": 1}
+
+
+def test_a_tenant_without_a_tier_gets_the_default_tier(load, policy):
+    policy["tenants"]["newco"] = {}
+    load(policy)
+    assert Tenant.objects.get(key="newco").tier.name == "free"
+
+
+def test_the_demo_file_loads_and_the_short_name_finds_it(commits):
+    with commits():
+        call_command("loadpolicies", "demo", stdout=io.StringIO())
+    assert set(Tier.objects.values_list("name", flat=True)) == {"free", "pro", "enterprise"}
+    assert Tenant.objects.filter(overrides_until__isnull=False, rules__isnull=False).exists()
+    assert PriorityClass.objects.count() == 2
+    assert check_document(yaml.safe_load(DEMO.read_text()))
+
+
+def test_if_empty_leaves_a_store_with_tiers_alone(load, policy):
+    load(policy)
+    before = snapshot()
+    out = io.StringIO()
+    call_command("loadpolicies", "--if-empty", "demo", stdout=out)
+    assert "not empty" in out.getvalue()
+    assert snapshot() == before
+
+
+def test_a_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(CommandError, match="cannot read the file"):
+        call_command("loadpolicies", str(tmp_path / "nope.yaml"))
+
+
+def test_a_yaml_syntax_error_is_a_clear_error(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("tiers: [unclosed")
+    with pytest.raises(CommandError, match="not valid YAML"):
+        call_command("loadpolicies", str(path))
+
+
+def test_load_policy_refuses_what_check_refuses(policy):
+    policy["tiers"]["pro"]["team"] = "lots"
+    with pytest.raises(ConfigError, match="tiers.pro.team"):
+        load_policy(policy)
+    assert not Tier.objects.exists()
