@@ -112,14 +112,14 @@ class CircuitBreaker:
 
 
 class RedisPlan:
-    """One key set, resolved: key names, the script's arguments after the first four, and
+    """One key set, resolved: key names, the rules as the script reads them (`spec`), and
     whether a plug-in rule with no Lua twin sends it down the optimistic path."""
 
-    __slots__ = ("keys", "key_count", "args", "checks", "leased", "optimistic")
+    __slots__ = ("keys", "key_count", "spec", "checks", "leased", "optimistic")
 
-    def __init__(self, keys: list[str], args: list[str], checks: Sequence[Check],
+    def __init__(self, keys: list[str], spec: str, checks: Sequence[Check],
                  optimistic: bool) -> None:
-        self.keys, self.args, self.checks = tuple(keys), tuple(args), list(checks)
+        self.keys, self.spec, self.checks = tuple(keys), spec, list(checks)
         self.key_count = len(keys)
         self.leased = any(check.rule.leased for check in checks)
         self.optimistic = optimistic
@@ -142,16 +142,16 @@ class RedisStore(Store):
         self._turns = [threading.Lock() for _ in range(64)]
 
     def prepare(self, checks: Sequence[Check]) -> RedisPlan:
-        keys, args = [], []
+        keys, spec = [], []
         for level, key, rule, floor in checks:
             keys.append(self.key_name(level, key, rule))
             if type(rule) in LUA_ARGS:
                 first, second = LUA_ARGS[type(rule)]
-                args += [rule.type_name, repr(float(floor)), "1" if rule.counts_requests else "0",
+                spec += [rule.type_name, repr(float(floor)), "1" if rule.counts_requests else "0",
                          "1" if rule.shadow else "0", repr(float(getattr(rule, first))),
                          repr(float(getattr(rule, second)))]
         optimistic = any(type(check.rule) not in LUA_ARGS for check in checks)
-        return RedisPlan(keys, args, checks, optimistic)
+        return RedisPlan(keys, "".join(" " + part for part in spec), checks, optimistic)
 
     def key_name(self, level: str, key: str, rule: Rule) -> str:
         """`prefix:{level:key}:rule`: the braces are the Redis Cluster hash tag."""
@@ -161,9 +161,9 @@ class RedisStore(Store):
     def decide(self, plan: RedisPlan, cost: float, now: float | None, lease: str | None) -> Outcome:
         if plan.optimistic:
             return self._call(self._decide_optimistically, plan, cost, now, lease)
-        blocker, wait, remaining, shadows = self._call(
-            self._evalsha, *plan.keys, "" if now is None else repr(now), repr(cost), lease or "",
-            "decide", *plan.args, keys=plan.key_count)
+        argument = f"{'-' if now is None else repr(now)} {cost!r} {lease or '-'} decide{plan.spec}"
+        blocker, wait, remaining, shadows = self._call(self._evalsha, *plan.keys, argument,
+                                                       keys=plan.key_count)
         return blocker, float(wait), float(remaining), tuple(shadows)
 
     def release(self, plan: RedisPlan, now: float | None, lease: str) -> int:
@@ -171,8 +171,8 @@ class RedisStore(Store):
             return 0
         if plan.optimistic:
             return self._call(self._release_optimistically, plan, now, lease)
-        return int(self._call(self._evalsha, *plan.keys, "" if now is None else repr(now), "0",
-                              lease, "release", *plan.args, keys=plan.key_count)[0])
+        argument = f"{'-' if now is None else repr(now)} 0 {lease} release{plan.spec}"
+        return int(self._call(self._evalsha, *plan.keys, argument, keys=plan.key_count)[0])
 
     def explain(self, plan: RedisPlan, cost: float, now: float | None) -> list[tuple[float, float]]:
         now, states = self._read(plan, now)

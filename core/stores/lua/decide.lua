@@ -1,25 +1,26 @@
 -- One decision, atomically: phase 1 asks every rule whether the cost fits, phase 2 takes
 -- from all of them or from none. The same two phases as MemoryStore._decide.
 -- KEYS: one state key per check.
--- ARGV: now ('' for this server's TIME), cost, lease, mode ('decide' or 'release'), then
---       per check: rule type, floor, counts requests ('1'/'0'), shadow ('1'/'0'), and the
---       rule's two parameters.
+-- ARGV[1]: "now cost lease mode" then, per check, "type floor counts-requests shadow a b",
+--   all space-separated. now is '-' for this server's TIME, lease '-' for none, mode
+--   'decide' or 'release'. One argument rather than six per check: every argument costs the
+--   client more to encode than the server spends parsing it here.
 -- Returns {blocker (-1 when allowed), wait, remaining, {shadow checks that would deny}}.
-local now
-if ARGV[1] == '' then
+local now, cost, lease, mode, spec = string.match(ARGV[1], '^(%S+) (%S+) (%S+) (%S+)(.*)$')
+if now == '-' then
   local t = redis.call('TIME')
   now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 else
-  now = tonumber(ARGV[1])
+  now = tonumber(now)
 end
-local cost, lease, mode = tonumber(ARGV[2]), ARGV[3], ARGV[4]
+cost = tonumber(cost)
 
 local checks = {}
-for i = 1, #KEYS do
-  local at = 4 + (i - 1) * 6
-  checks[i] = {rule = RULES[ARGV[at + 1]], floor = tonumber(ARGV[at + 2]),
-               per_request = ARGV[at + 3] == '1', shadow = ARGV[at + 4] == '1',
-               a = tonumber(ARGV[at + 5]), b = tonumber(ARGV[at + 6])}
+for kind, floor, per_request, shadow, a, b in
+    string.gmatch(spec, ' (%S+) (%S+) (%S+) (%S+) (%S+) (%S+)') do
+  checks[#checks + 1] = {rule = RULES[kind], floor = tonumber(floor),
+                         per_request = per_request == '1', shadow = shadow == '1',
+                         a = tonumber(a), b = tonumber(b)}
 end
 
 if mode == 'release' then
