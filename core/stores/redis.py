@@ -30,8 +30,7 @@ from typing import Any, Callable, Sequence
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import (BusyLoadingError, ConnectionError, ReadOnlyError, RedisError,
-                              NoScriptError, TimeoutError, WatchError)
+from redis.exceptions import NoScriptError, RedisError, WatchError
 from redis.retry import Retry
 
 from ..buckets import GCRA, TokenBucket
@@ -55,7 +54,7 @@ LUA_ARGS: dict[type, tuple[str, str]] = {
 # How each rule's state is read back for explain() and inspect().
 READ_COMMANDS = {TokenBucket: "GET", GCRA: "GET", FixedWindow: "GET", SlidingWindowCounter: "GET",
                  SlidingWindowLog: "LRANGE", Concurrency: "ZRANGE"}
-UNREACHABLE = (ConnectionError, TimeoutError, BusyLoadingError, ReadOnlyError, OSError)
+NOSCRIPT_TRIES = 3
 DEFAULT_TIMEOUT = 0.05
 # One connection per thread deciding at once; redis-py's default of 100 would refuse the
 # 101st thread rather than make it wait (and a refusal would count as an outage).
@@ -275,11 +274,12 @@ class RedisStore(Store):
         """One EVALSHA; a server that lost its script cache (restart, SCRIPT FLUSH) answers
         NOSCRIPT without running anything, so loading the script and calling again cannot
         count a decision twice."""
-        try:
-            return self.client.evalsha(self.sha, keys, *keys_and_args)
-        except NoScriptError:
-            self.sha = self.client.script_load(self.source)
-            return self.client.evalsha(self.sha, keys, *keys_and_args)
+        for _ in range(NOSCRIPT_TRIES):
+            try:
+                return self.client.evalsha(self.sha, keys, *keys_and_args)
+            except NoScriptError:  # flushed again between our load and our call: load again
+                self.sha = self.client.script_load(self.source)
+        return self.client.evalsha(self.sha, keys, *keys_and_args)
 
     def _call(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
         if self.breaker.open_until:
@@ -289,10 +289,17 @@ class RedisStore(Store):
                 raise StoreUnavailable("Redis is unreachable; waiting before trying again")
         try:
             result = function(*args, **kwargs)
-        except UNREACHABLE as error:
+        except RedisError as error:
+            # Any driver error, not only a lost connection (out of memory, a read-only
+            # replica, a server still loading), means this store cannot decide right now:
+            # the limiter's fail modes handle it, and the breaker stops us insisting.
             with self._lock:
                 self.breaker.failed()
-            raise StoreUnavailable(f"Redis is unreachable: {error}") from error
+            raise StoreUnavailable(f"Redis cannot decide: {error}") from error
+        except BaseException:
+            with self._lock:
+                self.breaker.probing = False  # whatever happened, the next probe may go
+            raise
         if self.breaker.failures or self.breaker.probing:
             with self._lock:
                 self.breaker.succeeded()

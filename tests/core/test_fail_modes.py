@@ -9,14 +9,16 @@ where nothing listens. These tests read the wall clock, because timeouts are wha
 check; sleeping here only paces a stream or polls, it never aims at an edge.
 """
 
+import contextlib
 import statistics
 import threading
 import time
 
 import pytest
+import redis
 
 from core import HierarchicalLimiter
-from core.stores.redis import DEFAULT_TIMEOUT, RedisStore
+from core.stores.redis import DEFAULT_TIMEOUT, CircuitBreaker, RedisStore
 
 from .helpers import concurrency, token_bucket
 
@@ -165,6 +167,77 @@ def test_threads_deciding_at_once_do_not_each_pay_the_timeout_of_a_frozen_redis(
     assert max(durations) < LONGEST_CALL
     slow = [took for took in durations if took >= DEFAULT_TIMEOUT * 0.8]
     assert len(slow) <= len(durations) // 20, f"{len(slow)} of {len(durations)} calls waited"
+
+
+@pytest.mark.slow
+def test_once_the_breaker_is_open_one_call_at_a_time_tries_a_frozen_redis(disposable_redis):
+    # CircuitBreaker.allows: once the backoff has passed, "yes for one caller at a time (the
+    # probe), so that a frozen Redis costs one timeout per backoff, not one per waiting thread".
+    # A breaker that opens at the first failure, so that the calls made before it opened are
+    # exactly those that started before the first of them failed.
+    store = RedisStore(url=disposable_redis.url, prefix="fail", breaker=CircuitBreaker(threshold=1))
+    limiter = HierarchicalLimiter.from_config(CONFIG, store=store, fail_modes=FAIL_MODES)
+    assert not limiter.acquire(EVERY_LEVEL).degraded
+    disposable_redis.freeze()
+    waits, lock = [], threading.Lock()
+    stop = time.monotonic() + 1.2
+
+    def stream():
+        while time.monotonic() < stop:
+            started = time.perf_counter()
+            limiter.acquire(TEAM)
+            ended = time.perf_counter()
+            if ended - started >= DEFAULT_TIMEOUT * 0.8:
+                with lock:
+                    waits.append((started, ended))
+            time.sleep(0.002)
+
+    threads = [threading.Thread(target=stream) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    waits.sort()
+    opened = min(end for _, end in waits)  # until then every thread could wait at once
+    probes = [wait for wait in waits if wait[0] >= opened]
+    overlapping = sum(1 for (_, end), (start, _) in zip(probes, probes[1:]) if start < end)
+    assert len(probes) >= 2, "the breaker never tried Redis again"
+    assert overlapping == 0, f"{overlapping} of {len(probes)} probes overlapped another"
+
+
+# --- Redis answers, with an error ------------------------------------------------------------
+
+
+def test_a_redis_out_of_memory_gets_each_levels_fail_mode_rather_than_an_exception(
+        disposable_redis):
+    # A Redis at maxmemory refuses the script's writes: that is the store failing, so it
+    # must reach the limiter as StoreUnavailable (one error type per layer), not escape.
+    limiter = limiter_on(disposable_redis.url)
+    assert not limiter.acquire(EVERY_LEVEL).degraded
+    disposable_redis.client().config_set("maxmemory", 1)
+    open_level, closed_level = limiter.acquire(USER), limiter.acquire(TEAM)
+    assert (open_level.allowed, open_level.degraded) == (True, True)
+    assert (closed_level.reason, closed_level.degraded) == ("STORE_UNAVAILABLE", True)
+
+
+@pytest.mark.slow
+def test_a_probe_that_meets_a_redis_error_does_not_keep_the_breaker_open_for_good(
+        disposable_redis):
+    limiter = limiter_on(disposable_redis.url)
+    assert not limiter.acquire(TEAM).degraded
+    disposable_redis.kill()
+    for _ in range(5):  # enough failures to open the breaker
+        assert limiter.acquire(TEAM).degraded
+    disposable_redis.start()
+    admin = disposable_redis.client()
+    admin.config_set("maxmemory", 1)  # Redis is back, but refuses every write
+    stop = time.monotonic() + 0.8  # longer than the breaker's longest backoff: it probes
+    while time.monotonic() < stop:
+        with contextlib.suppress(redis.RedisError):  # an escaping OOM: see the test above
+            limiter.acquire(TEAM)
+        time.sleep(0.005)
+    admin.config_set("maxmemory", 0)  # healthy again
+    assert wait_until_decided_on_redis(limiter, TEAM, within=1.0) < 1.0
 
 
 # --- a stream of decisions while Redis dies and comes back ---------------------------------
