@@ -11,7 +11,6 @@ store does both phases in one atomic step, so this holds across threads and proc
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import time
 from operator import itemgetter

@@ -12,7 +12,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.http import HttpResponseRedirect
 from django.core.exceptions import ValidationError
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from simple_history.admin import SimpleHistoryAdmin
@@ -231,10 +231,28 @@ class RuleAdmin(SimpleHistoryAdmin):
         kwargs["fields"] = self.fields
         return super().get_form(request, obj, **kwargs)
 
+    def save_model(self, request, obj, form, change):
+        before = Rule.objects.filter(pk=obj.pk).values("tier_id", "tenant_id").first() if change else None
+        super().save_model(request, obj, form, change)
+        _bump_owners(obj, before)
+
+    def delete_model(self, request, obj):
+        super().delete_model(request, obj)
+        _bump_owners(obj, None)
+
     @admin.display(description="owner")
     def owner_name(self, rule):
         return format_html("tier {}", rule.tier) if rule.tier else \
             format_html("tenant {}", rule.tenant) if rule.tenant else "global"
+
+
+def _bump_owners(rule: Rule, before: dict | None) -> None:
+    """A rule edited on its own page changes its tier's or tenant's rules: move their
+    versions, so that a tier or tenant page opened before refuses to save over it."""
+    tiers = {rule.tier_id, (before or {}).get("tier_id")} - {None}
+    tenants = {rule.tenant_id, (before or {}).get("tenant_id")} - {None}
+    Tier.objects.filter(pk__in=tiers).update(version=F("version") + 1)
+    Tenant.objects.filter(pk__in=tenants).update(version=F("version") + 1)
 
 
 @admin.register(PriorityClass)

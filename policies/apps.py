@@ -8,6 +8,6 @@ class PoliciesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import signals
+        from . import checks, signals  # noqa: F401  (checks registers itself)
 
         signals.connect()

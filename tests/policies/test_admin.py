@@ -190,3 +190,20 @@ def test_a_save_that_loses_the_race_after_the_check_is_rolled_back_not_a_500(cli
 
     assert "changed since you opened it" in response.content.decode()
     assert Tier.objects.get(pk=pro.pk).name == "pro"
+
+
+def test_a_rule_saved_on_its_own_page_makes_an_open_tier_page_stale(client, operator, loaded):
+    pro = Tier.objects.get(name="pro")
+    opened = tier_form(pro)  # the tier page as it was opened
+    rule = pro.rules.first()
+    response = client.post(f"/admin/policies/rule/{rule.pk}/change/", {
+        "tier": pro.pk, "tenant": "", "level": rule.level_id, "type": rule.type,
+        "params": json.dumps({**rule.params, "limit": 700}), "label": rule.label,
+        "counts": rule.counts, "position": rule.position})
+    assert response.status_code == 302
+    assert Tier.objects.get(pk=pro.pk).version == pro.version + 1
+
+    response = client.post(f"/admin/policies/tier/{pro.pk}/change/", opened)
+    assert response.status_code == 200
+    assert "changed since you opened it" in response.content.decode()
+    assert Rule.objects.get(pk=rule.pk).params["limit"] == 700
