@@ -88,6 +88,36 @@ class RuleFormSet(forms.BaseInlineFormSet):
             raise ValidationError(f"{error.path}: {error.reason} (counting the global rules)") from None
 
 
+class RulePageForm(RuleForm):
+    """A rule edited on its own page: with its owner's rules and the global rules, it must
+    still build a limiter (no rule twice at a level), for every tier it reaches."""
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        candidate = Rule(**{k: data.get(k) for k in RuleForm.Meta.fields if k in data})
+        others = Rule.objects.exclude(pk=self.instance.pk).select_related("level")
+        globals_ = [rule for rule in others if rule.tier_id is None and rule.tenant_id is None]
+        if candidate.tier is not None or candidate.tenant is not None:
+            owner = {"tier": candidate.tier} if candidate.tier is not None else {"tenant": candidate.tenant}
+            groups = [[*others.filter(**owner), *globals_]]
+        else:  # a global rule joins every tier's and every overriding tenant's rules
+            groups = [[rule for rule in others if rule.tier_id == tier.pk] + globals_
+                      for tier in Tier.objects.all()]
+            groups += [[rule for rule in others if rule.tenant_id == tenant.pk] + globals_
+                       for tenant in Tenant.objects.filter(rules__isnull=False).distinct()]
+        for group in groups:
+            config: dict[str, list[dict]] = {}
+            for rule in [*group, candidate]:
+                config.setdefault(rule.level.name, []).append(rule.spec())
+            try:
+                parse_levels(config)
+            except ConfigError as error:
+                raise ValidationError(f"{error.path}: {error.reason} (with the rules it joins)") from None
+        return data
+
+
 class RuleInline(admin.TabularInline):
     model = Rule
     form = RuleForm
@@ -220,7 +250,7 @@ class TenantAdmin(VersionedAdmin):
 class RuleAdmin(SimpleHistoryAdmin):
     """Every rule; global rules (no tier, no tenant) are edited here."""
 
-    form = RuleForm
+    form = RulePageForm
     fields = ["tier", "tenant", "level", "type", "params", "label", "shadow", "counts", "position"]
     list_display = ["type", "owner_name", "level", "params", "label", "shadow", "counts"]
     list_filter = ["level", "type", "tier"]

@@ -207,3 +207,13 @@ def test_a_rule_saved_on_its_own_page_makes_an_open_tier_page_stale(client, oper
     assert response.status_code == 200
     assert "changed since you opened it" in response.content.decode()
     assert Rule.objects.get(pk=rule.pk).params["limit"] == 700
+
+
+def test_a_global_rule_that_repeats_a_tiers_rule_is_refused_on_the_rule_page(client, operator, loaded):
+    pro_team = Tier.objects.get(name="pro").rules.get(level__name="team")
+    response = client.post("/admin/policies/rule/add/", {
+        "tier": "", "tenant": "", "level": pro_team.level_id, "type": pro_team.type,
+        "params": json.dumps(pro_team.params), "label": "", "counts": "cost", "position": 0})
+    assert response.status_code == 200
+    assert "repeats rule" in response.content.decode()
+    assert not Rule.objects.filter(tier=None, tenant=None, level=pro_team.level_id).exists()
