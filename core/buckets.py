@@ -58,9 +58,13 @@ class TokenBucket(Rule):
         if not rate:
             return self._attempt_without_refill(state, now, cost, floor)
         start = state[0] if state is not None and state[0] > now else now
-        left = self.capacity - (start - now) * rate - cost
-        if left - floor < -EPSILON:  # denied: wait() alone says how long, on every path
-            return self.wait(state, now, cost, floor) or EPSILON
+        tokens = self.capacity - (start - now) * rate  # the same double _tokens() finds
+        left = tokens - cost
+        if left - floor < -EPSILON:  # denied: wait()'s arithmetic, written out
+            missing = cost + floor - tokens
+            if missing <= EPSILON:
+                return EPSILON
+            return math.inf if cost + floor > self.capacity else missing / rate
         # full_at on the microsecond grid: the one number the Redis store keeps, as an
         # integer, and from which it computes this same double.
         return ((start + cost / rate) * 1e6 + 0.5) // 1 * 1e-6, left
