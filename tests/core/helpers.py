@@ -1,5 +1,9 @@
 """Small helpers shared by the engine's tests."""
 
+import math
+
+from core import Param, Rule, register
+
 # One tick before an edge: far below every window and rate used in these tests, far above
 # the engine's float slack (1e-9), so "one tick early" is always a real denial.
 TICK = 1e-6
@@ -43,3 +47,30 @@ def move_to(clock, t):
     """Set the manual clock to exactly `t` (edges are tested at exact times, not near them)."""
     clock.advance(t - clock())
     assert clock() == t, f"the clock reads {clock()!r}, not {t!r}"
+
+
+class LifetimeQuota(Rule):
+    """A stateful plug-in with no Lua twin (so the Redis store decides it optimistically,
+    with WATCH/MULTI): at most `total` cost per key, ever. Register a subclass of it, under a
+    name of the test's own, with `register_lifetime_quota`."""
+
+    params = (Param("total", help="Cost allowed over the key's lifetime.", minimum=1),)
+
+    def setup(self):
+        self.capacity = float(self.total)
+
+    def wait(self, state, now, cost, floor):
+        spent = state[2] if state else 0.0
+        return 0.0 if spent + cost + floor <= self.capacity + 1e-9 else math.inf
+
+    def take(self, state, now, cost, lease):
+        spent = (state[2] if state else 0.0) + cost
+        return now + 86400, self.capacity - spent, spent
+
+    def remaining(self, state, now):
+        return self.capacity - (state[2] if state else 0.0)
+
+
+def register_lifetime_quota(name):
+    """Register a LifetimeQuota of its own under `name`; the caller unregisters it."""
+    return register(name)(type(f"LifetimeQuota_{name}", (LifetimeQuota,), {}))

@@ -6,7 +6,6 @@ The engine's behaviour on Redis is covered by the whole engine suite (every test
 a shared, remote store has to get right.
 """
 
-import math
 import multiprocessing
 import re
 import threading
@@ -15,12 +14,11 @@ from collections import Counter
 
 import pytest
 
-from core import (RULES, HierarchicalLimiter, ManualClock, Param, Rule, register,
-                  store_from_url)
+from core import (RULES, HierarchicalLimiter, ManualClock, store_from_url)
 from core.stores.redis import RedisStore, lua_source
 
-from .helpers import (concurrency, fixed_window, gcra, sliding_window, sliding_window_counter,
-                      state_of, token_bucket)
+from .helpers import (concurrency, fixed_window, gcra, register_lifetime_quota, sliding_window,
+                      sliding_window_counter, state_of, token_bucket)
 
 # --- helpers --------------------------------------------------------------------------------
 
@@ -32,30 +30,9 @@ GENEROUS_TIMEOUT = 2.0
 QUOTA = "flood_lifetime_quota"
 
 
-class LifetimeQuota(Rule):
-    """A stateful plug-in with no Lua twin (so the Redis store decides it optimistically,
-    with WATCH/MULTI): at most `total` cost per key, ever. Registered by whoever uses it."""
-
-    params = (Param("total", help="Cost allowed over the key's lifetime.", minimum=1),)
-
-    def setup(self):
-        self.capacity = float(self.total)
-
-    def wait(self, state, now, cost, floor):
-        spent = state[2] if state else 0.0
-        return 0.0 if spent + cost + floor <= self.capacity else math.inf
-
-    def take(self, state, now, cost, lease):
-        spent = (state[2] if state else 0.0) + cost
-        return now + 86400, self.capacity - spent, spent
-
-    def remaining(self, state, now):
-        return self.capacity - (state[2] if state else 0.0)
-
-
 @pytest.fixture
 def lifetime_quota():
-    register(QUOTA)(LifetimeQuota)
+    register_lifetime_quota(QUOTA)
     yield {"type": QUOTA}
     RULES.pop(QUOTA, None)
 
@@ -71,7 +48,7 @@ def decide_in_threads(url, prefix, config, key_sets, process, threads, requests,
     """One process's share of a flood: its own limiter and client on the shared Redis, on the
     server's clock; `threads` threads, each making `requests` decisions. Runs in a child."""
     for name in plugins:
-        register(name)(LifetimeQuota)
+        register_lifetime_quota(name)
     limiter = redis_limiter(url, config, prefix)
     admitted, degraded, errors = Counter(), Counter(), []
     lock, ready = threading.Lock(), threading.Barrier(threads)

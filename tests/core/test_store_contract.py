@@ -15,11 +15,11 @@ import redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from core import RULES, HierarchicalLimiter, ManualClock, MemoryStore, Param, Rule, register
+from core import RULES, HierarchicalLimiter, ManualClock, MemoryStore
 from core.stores.redis import RedisStore
 
-from .helpers import (concurrency, fixed_window, gcra, sliding_window, sliding_window_counter,
-                      token_bucket)
+from .helpers import (concurrency, fixed_window, gcra, register_lifetime_quota, sliding_window,
+                      sliding_window_counter, token_bucket)
 
 # All six rule types over three levels, with a label, a rule that counts requests, a bucket
 # that never refills, a shadow rule and a priority watermark at two levels.
@@ -170,26 +170,7 @@ def redis_client(redis_server):
 @pytest.fixture(scope="module")
 def lifetime_quota():
     """A stateful plug-in with no Lua twin: on Redis it takes the optimistic path."""
-
-    @register(QUOTA)
-    class LifetimeQuota(Rule):
-        params = (Param("total", help="Cost allowed over the key's lifetime.", minimum=1),)
-
-        def setup(self):
-            self.capacity = float(self.total)
-
-        def wait(self, state, now, cost, floor):
-            spent = state[2] if state else 0.0
-            return 0.0 if spent + cost + floor <= self.capacity + 1e-9 else math.inf
-
-        def take(self, state, now, cost, lease):
-            spent = (state[2] if state else 0.0) + cost
-            return now + 86400, self.capacity - spent, spent
-
-        def remaining(self, state, now):
-            return self.capacity - (state[2] if state else 0.0)
-
-    yield LifetimeQuota
+    yield register_lifetime_quota(QUOTA)
     RULES.pop(QUOTA, None)
 
 
