@@ -371,4 +371,4 @@ def _base36(number: int) -> str:
             return out
 
 
-__all__ = ["CircuitBreaker", "RedisStore", "RedisError", "connect", "decode", "lua_source"]
+__all__ = ["CircuitBreaker", "RedisStore", "connect", "decode", "lua_source", "write"]
