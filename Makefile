@@ -27,8 +27,8 @@ run: $(STAMP)
 # The demo policies, only into an empty store: operators' edits survive a restart.
 	$(BIN)/python manage.py loadpolicies --if-empty demo
 	$(BIN)/python manage.py ensureoperator
-# No control socket: gunicorn's default path is one per user, so a second server would clash.
-	$(BIN)/gunicorn limiter_admin.wsgi -b 127.0.0.1:8000 -w $(WORKERS) --threads 8 --no-control-socket
+# limiter_admin/gunicorn_conf.py: no control socket, and /metrics adds up every worker.
+	$(BIN)/gunicorn limiter_admin.wsgi -c python:limiter_admin.gunicorn_conf -b 127.0.0.1:8000 -w $(WORKERS) --threads 8
 
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py

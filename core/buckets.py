@@ -76,6 +76,22 @@ class TokenBucket(Rule):
             return math.inf
         return now + MAX_IDLE_SECONDS, left, spent
 
+    def adjust(self, state, now, delta, taken_at):
+        # A charge takes as `attempt` takes, with no floor: the tokens may go below zero,
+        # and the bucket is full again that much later. A refund moves full_at back.
+        rate = self.rate
+        if not rate:
+            spent = (state[2] if state is not None else 0.0) + delta
+            return (now + MAX_IDLE_SECONDS, self.capacity - spent, spent) if spent > 0 else None
+        if delta > 0:
+            full_at = (state[0] if state is not None and state[0] > now else now) + delta / rate
+        elif state is None or state[0] + delta / rate <= now:
+            return None  # full again: a refund never raises a bucket above its capacity
+        else:
+            full_at = state[0] + delta / rate
+        full_at = (full_at * 1e6 + 0.5) // 1 * 1e-6  # the microsecond grid, as in attempt
+        return full_at, self.capacity - (full_at - now) * rate
+
     def remaining(self, state, now):
         return max(0.0, self._tokens(state, now))
 

@@ -64,6 +64,13 @@ class Concurrency(Rule):
             return None
         return self._settle(state, now)
 
+    def shorten_lease(self, state, lease, until):
+        slots = state[2] if state is not None else None
+        if slots and slots.get(lease, until) > until:
+            slots[lease] = until
+            self._settle(state)
+        return state
+
     def _settle(self, state: list, now: float = 0.0) -> list:
         slots = state[2]
         state[0] = max(slots.values(), default=now)  # idle once the last lease runs out

@@ -19,8 +19,17 @@ class InvalidRequest(LimiterError, ValueError):
 
     def __init__(self, message: str, field: str = "") -> None:
         self.field = field
+        self.reason = message
         super().__init__(f"{field}: {message}" if field else message)
 
 
 class StoreUnavailable(LimiterError):
     """The store could not be reached; the limiter applies each level's fail mode."""
+
+
+class ReservationNotFound(LimiterError, LookupError):
+    """No open or settled reservation has this id: it never existed, or its hold ran out."""
+
+
+class ReservationSettled(LimiterError):
+    """The reservation was already committed or cancelled; settling it again changes nothing."""

@@ -6,6 +6,10 @@
 Phase 1 asks every rule at every level named in `keys` how long until `cost` fits; phase 2
 takes from every rule only if every answer was 0. A denial consumes nothing anywhere. The
 store does both phases in one atomic step, so this holds across threads and processes.
+
+`reserve` is `acquire` for an estimated cost, with a record in the store that `settle` turns
+into the real cost later (see core/reservations.py); `acquire_batch` decides many requests,
+perhaps for several limiters on one store, in one round trip.
 """
 
 from __future__ import annotations
@@ -14,13 +18,15 @@ import itertools
 import os
 import time
 from operator import itemgetter
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from .config import FailMode, PriorityClass, parse_fail_modes, parse_levels, parse_priorities
 from .decision import (COST_EXCEEDS_LIMIT, INFINITY, NO_NAMES, OK, RATE_LIMITED,
                        STORE_UNAVAILABLE, Decision, _make)
-from .errors import InvalidRequest, StoreUnavailable
+from .errors import InvalidRequest, ReservationNotFound, ReservationSettled, StoreUnavailable
 from .params import LARGEST_NUMBER
+from .reservations import (CANCELLED, COMMITTED, LONGEST_HOLD, OPEN, Reservation, Settlement,
+                           clean_actual_cost, clean_hold, clean_reservation_id, new_reservation_id)
 from .rules import Rule
 from .stores import Check, MemoryStore, Store
 
@@ -39,7 +45,7 @@ class Plan:
     """A key set and priority, resolved once: the store's plan plus what names the results."""
 
     __slots__ = ("store_plan", "decide", "checks", "names", "reasons", "max_cost", "too_big",
-                 "stateless", "leased", "lean_max_cost")
+                 "stateless", "leased", "lean_max_cost", "longest_hold")
 
 
 class HierarchicalLimiter:
@@ -118,6 +124,10 @@ class HierarchicalLimiter:
             outcome = plan.decide(cost, now, lease)
         except StoreUnavailable:
             return self._degraded(plan, keys, cost, priority)
+        return self._finish(plan, outcome, lease, shadowed)
+
+    def _finish(self, plan: Plan, outcome: Any, lease: str | None, shadowed: tuple) -> Decision:
+        """The decision from what the store found, with the stateless shadow rules' names."""
         decision = outcome if outcome.__class__ is Decision else self._outcome(plan, *outcome, lease)
         return decision._replace(shadow_blocked=decision.shadow_blocked + shadowed) if shadowed else decision
 
@@ -163,6 +173,58 @@ class HierarchicalLimiter:
             return self.store.release(plan.store_plan, self.clock(), lease)
         except StoreUnavailable:
             return 0  # the slot comes back by itself when its lease runs out
+
+    def reserve(self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None,
+                hold: float | None = None) -> tuple[Decision, Reservation | None]:
+        """`acquire`, and when it takes, a Reservation to settle later with the real cost.
+        The store keeps it open for `hold` seconds (60 by default, at most the shortest
+        concurrency lease). A denial, or a degraded decision (the store is down, so no
+        record can be kept: skip settling), comes with None."""
+        if cost.__class__ not in _NUMBER_TYPES or not 0 < cost <= LARGEST_NUMBER:
+            _refuse_cost(cost)
+        plan = self._plan(keys, priority)
+        hold = clean_hold(hold, plan.longest_hold)
+        if cost > plan.max_cost:
+            return self._too_big(plan), None
+        try:
+            # A record needs a real time: on Redis, ask the server first (one more round trip).
+            now = self.clock()
+            now = self.store.time() if now is None else now
+        except StoreUnavailable:
+            return self._degraded(plan, keys, cost, priority), None
+        denial, shadowed = self._check_stateless(plan, cost, now) if plan.stateless else (None, ())
+        if denial is not None:
+            return denial, None
+        lease = f"{_lease_prefix}-{next(_lease_numbers):x}" if plan.leased else None
+        levels = {level: keys[level] for level in self._level_names if keys.get(level) is not None}
+        reservation = Reservation(new_reservation_id(), levels, cost, priority, now, now + hold,
+                                  lease, hold)
+        try:
+            outcome = self.store.reserve(plan.store_plan, cost, now, lease, reservation.to_dict())
+        except StoreUnavailable:
+            return self._degraded(plan, keys, cost, priority), None
+        decision = self._finish(plan, outcome, lease, shadowed)
+        return decision, reservation if decision.allowed else None
+
+    def settle(self, reservation_id: str, actual_cost: float | None = None) -> Settlement:
+        """Settle a reservation with what the work really cost: the difference is given back
+        or charged (into debt if need be) at every rule that counts cost, and its concurrency
+        slots are released. `actual_cost=None` cancels: everything comes back. Raises
+        ReservationNotFound, ReservationSettled, or StoreUnavailable (the lease then runs
+        out by itself)."""
+        reservation_id = clean_reservation_id(reservation_id)
+        actual_cost = clean_actual_cost(actual_cost)
+        now = self.clock()
+        record = self.store.reservation(reservation_id, now)
+        if record is None:
+            raise ReservationNotFound(f"no reservation {reservation_id!r} (unknown or expired)")
+        if record["status"] != OPEN:
+            raise ReservationSettled(f"reservation {reservation_id!r} is already {record['status']}")
+        # No priority: floors do not matter to a settlement, and the class may be gone since.
+        plan = self._plan(record["keys"], None)
+        delta, released = self.store.settle(plan.store_plan, reservation_id, actual_cost, now)
+        return Settlement(reservation_id, CANCELLED if actual_cost is None else COMMITTED,
+                          float(max(0.0, -delta)), float(max(0.0, delta)), released)
 
     def reset(self, level: str, key: str) -> None:
         """Forget every rule's state for `key` at `level`: its buckets start full."""
@@ -216,6 +278,10 @@ class HierarchicalLimiter:
         plan.reasons = [check.rule.label or RATE_LIMITED for check, _ in stateful]
         plan.stateless = [(check, name, check.rule) for check, name in stateless]
         plan.leased = any(check.rule.leased for check in plan.checks)
+        # A reservation must not outlive its concurrency slot: it holds for at most the
+        # shortest lease of the plan.
+        plan.longest_hold = min((float(getattr(check.rule, "lease", LONGEST_HOLD))
+                                 for check in plan.checks if check.rule.leased), default=LONGEST_HOLD)
         limits = [(check.rule.max_cost(check.floor), i)
                   for i, (check, _) in enumerate(stateful + stateless) if not check.rule.shadow]
         plan.max_cost, plan.too_big = min(limits, default=(INFINITY, -1))
@@ -259,13 +325,108 @@ class HierarchicalLimiter:
         """Stateless rules decide before the store is asked. On a denial the stateful rules'
         waits still count towards `retry_after`, so the store is asked without taking.
         Returns the denial, if any, and the shadow stateless rules that would deny."""
+        denied, shadows = self._stateless_verdict(plan, cost, now)
+        return (self._explain(plan, cost, now)[0], ()) if denied else (None, shadows)
+
+    @staticmethod
+    def _stateless_verdict(plan: Plan, cost: float, now: float) -> tuple[bool, tuple]:
+        """Whether a stateless rule denies, and the shadow ones that would."""
         shadows = []
         for check, name, rule in plan.stateless:
             if rule.wait_for_key(check.key, _wall(now), cost) > 0:
                 if not rule.shadow:
-                    return self._explain(plan, cost, now)[0], ()
+                    return True, ()
                 shadows.append(name)
-        return None, tuple(shadows)
+        return False, tuple(shadows)
+
+    def _batch_entry(self, keys: Mapping[str, str], cost: float,
+                     priority: str | None) -> "Decision | _Pending | None":
+        """What `acquire` would do, up to asking the store, taking nothing: the decision
+        when no store is needed, the store's work when it is, or None when the request must
+        be made alone, in its turn (a stateless denial reads the other rules' waits)."""
+        if cost.__class__ not in _NUMBER_TYPES or not 0 < cost <= LARGEST_NUMBER:
+            _refuse_cost(cost)
+        plan = self._plan(keys, priority)
+        if cost > plan.max_cost:
+            return self._too_big(plan)
+        now = self.clock()
+        denied, shadowed = self._stateless_verdict(plan, cost, now) if plan.stateless else (False, ())
+        if denied:
+            return None
+        lease = f"{_lease_prefix}-{next(_lease_numbers):x}" if plan.leased else None
+        return _Pending(self, plan, keys, cost, priority, now, lease, shadowed)
+
+    def _batch_decision(self, item: "_Pending", outcome: Any) -> Decision:
+        if isinstance(outcome, StoreUnavailable):
+            return self._degraded(item.plan, item.keys, item.cost, item.priority)
+        return self._finish(item.plan, outcome, item.lease, item.shadowed)
+
+
+class _Pending(NamedTuple):
+    """A batch item that the store decides, with what turns its outcome into a decision."""
+
+    limiter: HierarchicalLimiter
+    plan: Plan
+    keys: Mapping[str, str]
+    cost: float
+    priority: str | None
+    now: float | None
+    lease: str | None
+    shadowed: tuple
+
+
+def acquire_batch(items: Sequence[tuple]) -> list[Decision]:
+    """Decide many requests, in order: `[(limiter, keys, cost, priority), ...]` (cost and
+    priority may be left out). Each decision is what `limiter.acquire` would give were the
+    requests made one after the other; the limiters may differ (tenants) and share a store.
+    Every item is validated before anything is taken: a bad item raises InvalidRequest whose
+    field starts with its index (`"2.cost"`). On Redis the batch is one round trip."""
+    entries = [_validated(i, item) for i, item in enumerate(items)]
+    decisions: list = [None] * len(entries)
+    waiting: list[int] = []
+    for i, entry in enumerate(entries):
+        if entry.__class__ is Decision:
+            decisions[i] = entry
+        elif entry is None:  # made alone, in its turn: what came before must be decided first
+            _decide_waiting(entries, waiting, decisions)
+            waiting = []
+            limiter, keys, cost, priority = _unpack(items[i])
+            decisions[i] = limiter.acquire(keys, cost, priority)
+        else:
+            waiting.append(i)
+    _decide_waiting(entries, waiting, decisions)
+    return decisions
+
+
+def _validated(index: int, item: Any) -> Any:
+    """The item's batch entry; its InvalidRequest, if any, with the index before the field."""
+    try:
+        limiter, keys, cost, priority = _unpack(item)
+        return limiter._batch_entry(keys, cost, priority)
+    except InvalidRequest as error:
+        field = f"{index}.{error.field}" if error.field else str(index)
+        raise InvalidRequest(error.reason, field) from None
+
+
+def _unpack(item: Any) -> tuple:
+    if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 4 \
+            or not isinstance(item[0], HierarchicalLimiter):
+        raise InvalidRequest("must be (limiter, keys, cost, priority)")
+    limiter, keys, *rest = item
+    return limiter, keys, rest[0] if rest else 1, rest[1] if len(rest) > 1 else None
+
+
+def _decide_waiting(entries: list, waiting: list[int], decisions: list) -> None:
+    """The waiting items, one `decide_many` per store (one round trip on Redis)."""
+    by_store: dict[int, list[int]] = {}
+    for i in waiting:
+        by_store.setdefault(id(entries[i].limiter.store), []).append(i)
+    for indexes in by_store.values():
+        store = entries[indexes[0]].limiter.store
+        outcomes = store.decide_many([(entries[i].plan.store_plan, entries[i].cost, entries[i].now,
+                                       entries[i].lease) for i in indexes])
+        for i, outcome in zip(indexes, outcomes):
+            decisions[i] = entries[i].limiter._batch_decision(entries[i], outcome)
 
 
 def _row(check: Check, wait: float = 0.0, remaining: float = INFINITY) -> dict:

@@ -14,6 +14,10 @@ The fields after those two are the rule's own. A key never seen, or forgotten, i
   It returns the wait (a float > 0) when the cost does not fit; otherwise the new state
   to store if every other rule agrees, or DEFER when the rule changes its state in place
   and so may only `take` once all agreed. The default is `wait`, then DEFER.
+- `adjust(state, now, delta, taken_at)`: the state once a settled reservation gave back
+  (delta < 0) or was charged (delta > 0) the difference from its estimate; `taken_at` is
+  when the estimate was taken. None means "as good as no state". The default changes
+  nothing, so a plug-in that does not implement it keeps what a reservation took.
 A plug-in implements `wait` and `take` (or, if stateless, `wait_for_key`).
 """
 
@@ -125,6 +129,12 @@ class Rule:
         wait = self.wait(state, now, cost, floor)
         return float(wait) if wait > 0.0 else DEFER
 
+    def adjust(self, state: Any, now: float, delta: float, taken_at: float) -> Any:
+        """The state once a reservation taken at `taken_at` is settled: `-delta` given back
+        (never above capacity) or `delta` charged, even into debt (the work is done). The
+        default keeps the state as it is: an estimate that is never refunded."""
+        return state
+
     def wait_for_key(self, key: str, now: float, cost: float) -> float:
         """For stateless rules: the wait, from the key alone."""
         raise NotImplementedError(f"{type(self).__name__} must implement wait_for_key()")
@@ -136,6 +146,11 @@ class Rule:
     def release(self, state: Any, now: float, lease: str) -> Any:
         """The state once `lease` gave back what it holds; None when it held nothing."""
         return None
+
+    def shorten_lease(self, state: Any, lease: str, until: float) -> Any:
+        """The state once what `lease` holds runs out no later than `until`: a reservation's
+        slot lasts as long as the reservation. The default changes nothing."""
+        return state
 
     def inspect(self, state: Any, now: float) -> dict:
         """The live state of one key, for operators."""

@@ -63,6 +63,18 @@ class FixedWindow(WindowRule):
             return self.wait(state, now, cost, floor) or EPSILON
         return (index + 1) * self.window, self.capacity - used, index, used
 
+    def adjust(self, state, now, delta, taken_at):
+        index, used = self._used(state, now)
+        if delta > 0:
+            used += delta  # into the current window, over the limit if need be
+        elif int(taken_at / self.window) == index:
+            # Only the window the reservation took from can give back: a later one never
+            # counted it.
+            used = max(0.0, used + delta)
+        if not used:
+            return None
+        return (index + 1) * self.window, self.capacity - used, index, used
+
     def remaining(self, state, now):
         return max(0.0, self.capacity - self._used(state, now)[1])
 
@@ -117,6 +129,31 @@ class SlidingWindowLog(WindowRule):
         log = self._prune(state, now) or [0.0, 0.0, deque()]
         log[2].append((now, cost))
         log[0] = now + self.window  # idle once the newest entry has left
+        log[1] = self.capacity - self._used(log)
+        return log
+
+    def adjust(self, state, now, delta, taken_at):
+        if delta > 0:
+            return self.take(state, now, delta, None)  # a new entry, at now
+        log = self._prune(state, now)
+        if not log:
+            return log
+        # Give back from the entries logged at taken_at, newest first (several requests may
+        # share an instant; they leave the window together, so which one gives is moot).
+        # An entry that already left the window was pruned above: it has nothing to give.
+        refund, entries = -delta, log[2]
+        for i in range(len(entries) - 1, -1, -1):
+            stamp, spent = entries[i]
+            if refund <= 0 or stamp < taken_at:
+                break
+            if stamp == taken_at:
+                back = min(refund, spent)
+                entries[i] = (stamp, spent - back)
+                refund -= back
+        log[2] = deque(entry for entry in entries if entry[1] > 0)
+        if not log[2]:
+            return None
+        log[0] = log[2][-1][0] + self.window  # idle once the newest entry has left
         log[1] = self.capacity - self._used(log)
         return log
 
@@ -179,6 +216,22 @@ class SlidingWindowCounter(WindowRule):
         if left - floor < -EPSILON:
             return self.wait(state, now, cost, floor) or EPSILON
         return (index + 2) * self.window, left, index, previous, current + cost
+
+    def adjust(self, state, now, delta, taken_at):
+        index, previous, current = self._counts(state, now)
+        if delta > 0:
+            current += delta
+        elif state is None:
+            return None
+        else:
+            # Give back to the window the reservation counted in, while it still counts.
+            taken = int(taken_at / self.window)
+            if taken == index:
+                current = max(0.0, current + delta)
+            elif taken == index - 1:
+                previous = max(0.0, previous + delta)
+        left = self.capacity - self._estimate(index, previous, current, now)
+        return (index + 2) * self.window, left, index, previous, current
 
     def remaining(self, state, now):
         index, previous, current = self._counts(state, now)

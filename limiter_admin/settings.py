@@ -18,7 +18,8 @@ DEBUG = env_bool("DEBUG", True)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # django.contrib.admin, on the console's own site (the dashboard's URLs): limiter_admin/apps.py
+    "limiter_admin.apps.LimiterAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -26,6 +27,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "simple_history",
     "policies",
 ]
@@ -123,6 +125,9 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
+# The dashboard's own scripts and the vendored front-end libraries (htmx, Chart.js): the
+# project package is no app, so its static directory is named here.
+STATICFILES_DIRS = [BASE_DIR / "limiter_admin" / "static"]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     # Compressed but not hashed names: a manifest would make every template that uses
@@ -135,12 +140,29 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Tokens first: its Bearer challenge is what a 401 carries.
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "policies.api.auth.ServiceTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["policies.api.auth.IsOperator"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "policies.api.errors.handle_exception",
+    "UNAUTHENTICATED_USER": None,
 }
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Limiter Admin API",
-    "DESCRIPTION": "Rate-limit decisions, reservations and policy administration.",
+    "DESCRIPTION": "Rate-limit decisions, reservations and policy administration. "
+                   "Errors all have one shape: {\"error\": {\"code\", \"message\", \"fields\"}}.",
     "VERSION": "1",
+    # The docs page's scripts come from drf-spectacular-sidecar's static files, not a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
 }
 
 # Behind a TLS-terminating proxy only: these would break plain-HTTP serving on loopback.

@@ -1,10 +1,20 @@
-"""The project's URLs: the admin console and the health probe."""
+"""The project's URLs: the REST API and its schema, the admin console, and the probes."""
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from limiter_admin import views
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
+    path("readyz", views.readyz, name="readyz"),
+    path("metrics", views.metrics, name="metrics"),
+    path("api/v1/", include("policies.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("admin/", admin.site.urls),
 ]
+
+# Unknown API paths and bugs answer in the API's error shape, not as HTML pages.
+handler404 = "limiter_admin.views.not_found"
+handler500 = "limiter_admin.views.server_error"

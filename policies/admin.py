@@ -1,12 +1,15 @@
 """The operators' console for the policy store.
 
 Rule types, their parameters and help texts come from core.RULES; nothing about a rule
-type is written here. Tiers and tenants carry a hidden version: a save of a page that
-someone changed since it was opened is refused, never silently applied over their change.
+type is written here. Tiers, tenants, levels and priority classes carry a hidden version: a
+save of a page that someone changed since it was opened is refused, never silently applied
+over their change.
 Every model keeps its history (django-simple-history), shown by each page's History link.
 """
 
 from __future__ import annotations
+
+import re
 
 from django import forms
 from django.contrib import admin, messages
@@ -20,7 +23,8 @@ from simple_history.admin import SimpleHistoryAdmin
 from core import RULES, ConfigError
 from core.config import parse_levels
 
-from .models import Level, PolicySettings, PolicyVersion, PriorityClass, Rule, StaleVersion, Tenant, Tier
+from .models import (Level, PolicySettings, PolicyVersion, PriorityClass, Rule, ServiceToken, StaleVersion, Tenant,
+                     Tier)
 
 STALE_MESSAGE = ("This {kind} changed since you opened it (someone else saved it, or a policy file was "
                  "loaded). Your changes were not saved: reload the page to see the current version.")
@@ -80,12 +84,38 @@ class RuleFormSet(forms.BaseInlineFormSet):
         config: dict[str, list[dict]] = {}
         for data in kept:
             config.setdefault(data["level"].name, []).append(Rule(**{k: data[k] for k in RuleForm.Meta.fields}).spec())
-        for rule in Rule.objects.filter(tier=None, tenant=None).select_related("level"):
-            config.setdefault(rule.level.name, []).append(rule.spec())
         try:
-            parse_levels(config)
+            check_with_global_rules(config)
         except ConfigError as error:
-            raise ValidationError(f"{error.path}: {error.reason} (counting the global rules)") from None
+            raise ValidationError(f"{error.path}: {error.reason}") from None
+
+
+def check_with_global_rules(rules: dict[str, list[dict]]) -> None:
+    """The rules of one tier or tenant (rule specs by level name) as the limiter will hold
+    them, with each level's global rules: they must build, with no rule twice at a level.
+    Raises ConfigError; its path names the owner's rule (`user[1]`), never a global one.
+    The admin's inlines and the REST API both check with this."""
+    parse_levels(rules)  # on their own first: a repeat among the owner's rules is named in place
+    shared: dict[str, list[dict]] = {}
+    for rule in Rule.objects.filter(tier=None, tenant=None).select_related("level"):
+        shared.setdefault(rule.level.name, []).append(rule.spec())
+    for level, specs in rules.items():
+        if not shared.get(level) or not specs:
+            continue
+        # The global rules first, so the engine reports the repeat at the owner's rule.
+        try:
+            parse_levels({level: [*shared[level], *specs]})
+        except ConfigError as error:
+            index = _rule_index(error.path) - len(shared[level])
+            reason = error.reason.replace("of this level", "of this level's global rules")
+            raise ConfigError(f"{reason} (counting the global rules)",
+                              f"{level}[{index}]" if index >= 0 else level) from None
+
+
+def _rule_index(path: str) -> int:
+    """3 for the engine's path `user[3]`; -1 when the path names no rule."""
+    match = re.search(r"\[(\d+)\]$", path)
+    return int(match.group(1)) if match else -1
 
 
 class RulePageForm(RuleForm):
@@ -180,6 +210,18 @@ class TenantForm(VersionedForm):
         fields = ["key", "tier", "overrides_until"]
 
 
+class LevelForm(VersionedForm):
+    class Meta:
+        model = Level
+        fields = ["name", "position", "fail_mode", "fallback_fraction"]
+
+
+class PriorityClassForm(VersionedForm):
+    class Meta:
+        model = PriorityClass
+        fields = ["name", "watermark", "levels"]
+
+
 class VersionedAdmin(SimpleHistoryAdmin):
     """A save that lost the race to another one (after the form's own check passed) is
     rolled back and the page reloaded with the error, rather than ending in a 500."""
@@ -211,9 +253,11 @@ class HasOverridesFilter(admin.SimpleListFilter):
 
 
 @admin.register(Level)
-class LevelAdmin(SimpleHistoryAdmin):
-    list_display = ["name", "position", "fail_mode", "fallback_fraction"]
-    list_editable = ["position", "fail_mode", "fallback_fraction"]
+class LevelAdmin(VersionedAdmin):
+    # Not list_editable: the change list carries no version per row, so a list opened before
+    # someone's change would silently write its old values back over it. Levels are few.
+    form = LevelForm
+    list_display = ["name", "position", "fail_mode", "fallback_fraction", "version"]
 
 
 @admin.register(Tier)
@@ -286,8 +330,9 @@ def _bump_owners(rule: Rule, before: dict | None) -> None:
 
 
 @admin.register(PriorityClass)
-class PriorityClassAdmin(SimpleHistoryAdmin):
-    list_display = ["name", "watermark", "level_names"]
+class PriorityClassAdmin(VersionedAdmin):
+    form = PriorityClassForm
+    list_display = ["name", "watermark", "level_names", "version"]
     filter_horizontal = ["levels"]
 
     @admin.display(description="levels")
@@ -320,3 +365,41 @@ class PolicyVersionAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(ServiceToken)
+class ServiceTokenAdmin(admin.ModelAdmin):
+    """Lists and revokes the API's service tokens. Tokens are made by `manage.py
+    createservicetoken`, which prints the token once: the admin cannot make one, since it
+    would have to carry the secret through a page or a message. The digest is never shown."""
+
+    list_display = ["name", "scope", "prefix", "created_at", "revoked_at"]
+    list_filter = ["scope", ("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["name", "prefix"]
+    fields = ["name", "scope", "prefix", "created_at", "revoked_at"]
+    actions = ["revoke"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # Scope is fixed at creation (widening it would hand a gateway's token admin rights),
+        # and a revoked token stays revoked: make a new one instead.
+        fixed = ["scope", "prefix", "created_at"]
+        return fixed + ["revoked_at"] if obj is not None and obj.revoked else fixed
+
+    def has_add_permission(self, request):
+        return False
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {"title": "Service tokens (make one with: manage.py createservicetoken NAME "
+                                  "--scope decide|admin)", **(extra_context or {})}
+        return super().changelist_view(request, extra_context)
+
+    @admin.action(description="Revoke selected tokens", permissions=["change"])
+    def revoke(self, request, queryset):
+        now = timezone.now()
+        tokens = list(queryset.filter(revoked_at__isnull=True))
+        for token in tokens:
+            token.revoked_at = now
+            # One save each, not an update(): post_save empties this process's token cache.
+            token.save(update_fields=["revoked_at"])
+        self.message_user(request, f"Revoked {len(tokens)} token(s): they stop working within seconds.",
+                          messages.SUCCESS)

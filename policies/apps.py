@@ -8,6 +8,6 @@ class PoliciesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import checks, signals  # noqa: F401  (checks registers itself)
+        from . import checks, signals, tokens  # noqa: F401  (checks and tokens register themselves)
 
         signals.connect()

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 from django.db import DatabaseError, transaction
 
-from core import Decision, HierarchicalLimiter, Store
+from core import Decision, HierarchicalLimiter, ReservationNotFound, Store
 
 from .signals import current_version
 from .stores import limiter_store
@@ -175,9 +175,26 @@ class PolicyCache:
         """When the next override expires (math.inf: none will)."""
         return self._compiled.expiry_at if self._compiled else math.inf
 
+    def current(self) -> Policy:
+        """The policy decisions use now (reloaded first if it may have changed)."""
+        now = self.clock()
+        compiled = self._compiled
+        if compiled is None or now >= self._check_at or now >= compiled.expiry_at:
+            compiled = self._refresh(now)
+        return compiled.policy
+
     def decide(self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None) -> Decision:
         """Decide one request with the limiter of the tenant its `team` key names."""
         return self.limiter_for(keys.get(TENANT_LEVEL)).acquire(keys, cost, priority)
+
+    def settle(self, reservation_id: str, actual_cost: float | None = None):
+        """Commit (`actual_cost`) or cancel (None) a reservation, with the limiter of the
+        tenant it was made for. Raises core.ReservationNotFound or ReservationSettled."""
+        now = self.limiter_clock() if self.limiter_clock is not None else self.store.clock()
+        record = self.store.reservation(reservation_id, now) if isinstance(reservation_id, str) else None
+        if record is None:
+            raise ReservationNotFound(reservation_id)
+        return self.limiter_for(record["keys"].get(TENANT_LEVEL)).settle(reservation_id, actual_cost)
 
     def limiter_for(self, team_key: str | None) -> HierarchicalLimiter:
         """The compiled limiter that serves `team_key` now."""
@@ -235,7 +252,21 @@ class PolicyCache:
         return _Compiled(policy, routes, kept, policy.next_expiry(now))
 
 
-@lru_cache(maxsize=1)
+_installed: PolicyCache | None = None
+
+
 def policy_cache() -> PolicyCache:
     """The process's policy cache, on the process's shared store."""
+    return _installed if _installed is not None else _default_policy_cache()
+
+
+@lru_cache(maxsize=1)
+def _default_policy_cache() -> PolicyCache:
     return PolicyCache()
+
+
+def install_policy_cache(cache: PolicyCache | None) -> None:
+    """Make `cache` the process's policy cache (None: back to the default). Tests use it
+    to decide on a store and clock of their own."""
+    global _installed
+    _installed = cache

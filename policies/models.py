@@ -7,6 +7,7 @@ are stated once, in core, and never again here.
 
 from __future__ import annotations
 
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
@@ -24,6 +25,31 @@ COUNTS_CHOICES = [("cost", "cost"), ("requests", "requests (1 per request)")]
 def rule_type_choices():
     """The rule types the engine knows: derived from core.RULES, never typed twice."""
     return [(name, name) for name in sorted(RULES)]
+
+
+def _history_user(request=None, **kwargs):
+    """The operator whose session made a change; None for a caller that is no Django user."""
+    user = getattr(request, "user", None)
+    return user if isinstance(user, AbstractBaseUser) else None
+
+
+class PolicyHistory(HistoricalRecords):
+    """The audit trail of a policy model, naming who made each change. An operator's session
+    is the history's user. A service token is no Django user (the API's `request.user` for
+    it is a TokenUser), so its changes have no user and name it in the change reason
+    instead: `token:<name>`, its str(). This covers every row a write touches (an owner's
+    rules, a priority class's levels, deletions), not only the one the view saves."""
+
+    def __init__(self, **kwargs):
+        super().__init__(get_user=_history_user, **kwargs)
+
+    def get_change_reason_for_object(self, instance, history_type, using):
+        reason = super().get_change_reason_for_object(instance, history_type, using)  # `_change_reason`
+        if reason is None:
+            user = getattr(getattr(self.context, "request", None), "user", None)
+            if user is not None and user.is_authenticated and not isinstance(user, AbstractBaseUser):
+                reason = str(user)[:100]  # the reason column holds 100 characters
+        return reason
 
 
 class StaleVersion(Exception):
@@ -48,7 +74,7 @@ class Versioned(models.Model):
         super().save(*args, **kwargs)
 
 
-class Level(models.Model):
+class Level(Versioned):
     """A named scope, in evaluation order, with what it does while the store is down."""
 
     name = models.CharField(max_length=64, unique=True, validators=[NAME_VALIDATOR])
@@ -58,7 +84,7 @@ class Level(models.Model):
                                            "or decide in process at the fallback fraction (local).")
     fallback_fraction = models.FloatField(default=0.25,
                                           help_text="Share of the limits the local fallback allows (0 < f <= 1).")
-    history = HistoricalRecords()
+    history = PolicyHistory()
 
     class Meta:
         ordering = ["position", "name"]
@@ -79,7 +105,7 @@ class Tier(Versioned):
     """A plan (free, pro, ...): rules for each level."""
 
     name = models.CharField(max_length=64, unique=True, validators=[NAME_VALIDATOR])
-    history = HistoricalRecords()
+    history = PolicyHistory()
 
     class Meta:
         ordering = ["name"]
@@ -96,7 +122,7 @@ class Tenant(Versioned):
     tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="tenants")
     overrides_until = models.DateTimeField(null=True, blank=True,
                                            help_text="Overrides stop applying at this time; empty: never.")
-    history = HistoricalRecords()
+    history = PolicyHistory()
 
     class Meta:
         ordering = ["key"]
@@ -123,7 +149,7 @@ class Rule(models.Model):
     shadow = models.BooleanField(default=False, help_text="Evaluated and counted, never denies.")
     counts = models.CharField(max_length=8, choices=COUNTS_CHOICES, default="cost")
     position = models.PositiveIntegerField(default=0)
-    history = HistoricalRecords()
+    history = PolicyHistory()
 
     class Meta:
         ordering = ["level__position", "position", "id"]
@@ -173,7 +199,7 @@ def check_rule_spec(spec: dict) -> None:
         raise ValidationError({"params": message}) from None
 
 
-class PriorityClass(models.Model):
+class PriorityClass(Versioned):
     """A request class that must leave `watermark` x capacity untouched at its levels."""
 
     name = models.CharField(max_length=64, unique=True, validators=[NAME_VALIDATOR])
@@ -181,7 +207,7 @@ class PriorityClass(models.Model):
                                   help_text="Share of each rule's capacity this class must leave (0 up to 1).")
     levels = models.ManyToManyField(Level, blank=True, related_name="priority_classes",
                                     help_text="Levels it applies at; empty means the global level.")
-    history = HistoricalRecords(m2m_fields=[levels])
+    history = PolicyHistory(m2m_fields=[levels])
 
     class Meta:
         ordering = ["name"]
@@ -202,7 +228,7 @@ class PolicySettings(models.Model):
 
     default_tier = models.ForeignKey(Tier, null=True, blank=True, on_delete=models.PROTECT, related_name="+",
                                      help_text="The tier of team keys that name no tenant.")
-    history = HistoricalRecords()
+    history = PolicyHistory()
 
     class Meta:
         verbose_name = verbose_name_plural = "policy settings"
@@ -226,3 +252,33 @@ class PolicyVersion(models.Model):
 
     def __str__(self):
         return f"policy version {self.number}"
+
+
+TOKEN_SCOPES = [("decide", "decide: decisions, batches and reservations"),
+                ("admin", "admin: everything, policy changes included")]
+
+
+class ServiceToken(models.Model):
+    """A credential for a gateway or script. Only a digest of the secret is kept: the token
+    is shown once, when it is made, and a database dump holds nothing that authenticates.
+
+    Tokens are random (256 bits), so a fast SHA-256 is as strong as a slow password hash
+    would be; `prefix` (the token's first characters, not secret) finds the row."""
+
+    name = models.CharField(max_length=100, help_text="Who uses it, e.g. the gateway's name.")
+    scope = models.CharField(max_length=8, choices=TOKEN_SCOPES, default="decide")
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    digest = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True,
+                                      help_text="Set to revoke: the token stops working within seconds.")
+
+    class Meta:
+        ordering = ["name", "id"]
+
+    def __str__(self):
+        return f"{self.name} ({self.scope}, {self.prefix}…)"
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None

@@ -303,11 +303,15 @@ class _Loader:
             existing[name].delete()
         for name, spec in self.doc["priorities"].items():
             priority = existing.get(name) or PriorityClass(name=name)
-            if priority.pk is None or priority.watermark != spec.get("watermark", 0.0):
+            levels = [self.levels[level] for level in spec.get("levels", [])]
+            held = {level.pk for level in priority.levels.all()} if priority.pk is not None else set()
+            new_levels = held != {level.pk for level in levels}
+            # Saved when only its levels change too: a new version, so that a page opened
+            # before this load is now stale.
+            if priority.pk is None or new_levels or priority.watermark != spec.get("watermark", 0.0):
                 priority.watermark = float(spec.get("watermark", 0.0))
                 self._saved(priority, f"priorities.{name}")
-            levels = [self.levels[level] for level in spec.get("levels", [])]
-            if {level.pk for level in priority.levels.all()} != {level.pk for level in levels}:
+            if new_levels:
                 priority.levels.set(levels)
 
 

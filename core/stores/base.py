@@ -4,6 +4,10 @@ A decision is one call, `decide`: check every rule of every level, then take fro
 from none, atomically. On Redis that call is one Lua script; in memory it runs under the
 locks of the keys involved. Everything the limiter does per key set is prepared once
 (`prepare`), so the per-decision call carries no work that could have been done earlier.
+
+Reservations (`reserve`, `reservation`, `settle`) keep a record per reservation in the
+store itself, so that any process sharing the store can settle it; `decide_many` decides a
+batch in order, in one round trip where the store is remote.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Callable, NamedTuple, Sequence
 
+from ..errors import StoreUnavailable
 from ..rules import Rule
 
 
@@ -71,3 +76,45 @@ class Store:
 
     def close(self) -> None:
         """Release connections; the default has nothing to release."""
+
+    # --- batches ------------------------------------------------------------------------
+
+    def decide_many(self, items: Sequence[tuple[Any, float, float | None, str | None]]
+                    ) -> list[Outcome | Any]:
+        """`decide` for each (plan, cost, now, lease), in order, as if one after the other.
+        An item the store could not decide comes back as its StoreUnavailable (the others
+        still count). The default is a loop; a remote store sends them in one round trip."""
+        results: list = []
+        for plan, cost, now, lease in items:
+            try:
+                results.append(self.decide(plan, cost, now, lease))
+            except StoreUnavailable as error:
+                results.append(error)
+        return results
+
+    # --- reservations -------------------------------------------------------------------
+
+    def time(self) -> float:
+        """Now on the store's clock, for records that must carry a time. The default reads
+        `clock`; a store whose clock is elsewhere (Redis `TIME`) asks for it."""
+        return self.clock()
+
+    def reserve(self, plan: Any, cost: float, now: float, lease: str | None,
+                record: dict) -> Outcome | Any:
+        """`decide`, and when it takes, keep `record` (a Reservation's to_dict()) open until
+        its `expires_at`, so that `settle` can find it from any process using this store."""
+        raise NotImplementedError(f"{type(self).__name__} must implement reserve()")
+
+    def reservation(self, reservation_id: str, now: float | None = None) -> dict | None:
+        """The record of a reservation, with its `status` ("open", "committed" or
+        "cancelled"); None when unknown or expired at `now` (None: the store's own time)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement reservation()")
+
+    def settle(self, plan: Any, reservation_id: str, actual_cost: float | None,
+               now: float | None) -> tuple[float, int]:
+        """In one atomic step: check the record is open, mark it settled (it stays until it
+        expires, as a tombstone), give back or charge `actual_cost - cost` at every rule
+        that counts cost (all of it when `actual_cost` is None: a cancel), and release the
+        lease. Returns (that difference, slots released). Raises ReservationNotFound or
+        ReservationSettled."""
+        raise NotImplementedError(f"{type(self).__name__} must implement settle()")

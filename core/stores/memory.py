@@ -12,12 +12,15 @@ writes, one shard at a time in turn, so that the whole store is swept once for a
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 from functools import partial
 from typing import Any, Callable, Sequence
 
 from ..decision import NO_NAMES, OK, Decision, allowed
+from ..errors import ReservationNotFound, ReservationSettled
+from ..reservations import CANCELLED, COMMITTED, OPEN
 from ..rules import DEFER, Rule
 from .base import Check, Outcome, Store
 
@@ -104,6 +107,10 @@ class MemoryStore(Store):
         # the compiled decisions can count in it too.
         self._writes = [0, SWEEP_MIN_WRITES]
         self._next_shard = 0
+        # Reservation records by id, and (expires_at, id) to drop them once they expire.
+        self._records: dict[str, dict] = {}
+        self._expiries: list[tuple[float, str]] = []
+        self._records_lock = threading.Lock()
 
     def __len__(self) -> int:
         return sum(len(table) for table in self._tables)
@@ -182,19 +189,87 @@ class MemoryStore(Store):
             return [rule.inspect(table.get(name), now) for rule, table, name, *_ in plan.slots]
 
     def release(self, plan: MemoryPlan, now: float, lease: str) -> int:
-        released = 0
         with _Locked(plan.locks):
-            for rule, table, name, *_ in plan.leased:
-                state = rule.release(table.get(name), now, lease)
-                if state is not None:
-                    table[name] = state
-                    released += 1
+            return self._release(plan, now, lease)
+
+    @staticmethod
+    def _release(plan: MemoryPlan, now: float, lease: str) -> int:
+        released = 0
+        for rule, table, name, *_ in plan.leased:
+            state = rule.release(table.get(name), now, lease)
+            if state is not None:
+                table[name] = state
+                released += 1
         return released
 
     def reset(self, plan: MemoryPlan) -> None:
         with _Locked(plan.locks):
             for _, table, name, *_ in plan.slots:
                 table.pop(name, None)
+
+    # --- reservations: records in a dict, dropped once they expire ----------------------
+
+    def reserve(self, plan: MemoryPlan, cost: float, now: float, lease: str | None,
+                record: dict) -> Outcome:
+        with _Locked(plan.locks):
+            outcome = self._decide(plan.slots, cost, now, lease)
+            if outcome[0] < 0 and lease:  # the slots last as long as the reservation
+                self._shorten_leases(plan.leased, lease, record["expires_at"])
+        if outcome[0] >= 0:
+            return outcome
+        self._writes[0] += 1
+        if self._writes[0] >= self._writes[1]:
+            self._sweep_next(now)
+        # No one knows the id before this returns: the record need not be written under the
+        # same locks as the take.
+        untaken = frozenset(plan.slots[i][2] for i in outcome[3])  # shadow rules took nothing
+        with self._records_lock:
+            self._forget_records(now)
+            self._records[record["id"]] = {**record, "status": OPEN, "untaken": untaken}
+            heapq.heappush(self._expiries, (record["expires_at"], record["id"]))
+        return outcome
+
+    @staticmethod
+    def _shorten_leases(slots: list, lease: str, until: float) -> None:
+        for rule, table, name, *_ in slots:
+            if rule.leased and table.get(name) is not None:
+                table[name] = rule.shorten_lease(table[name], lease, until)
+
+    def reservation(self, reservation_id: str, now: float | None = None) -> dict | None:
+        with self._records_lock:
+            record = self._records.get(reservation_id)
+            if record is None or (now is not None and now >= record["expires_at"]):
+                return None
+            return _public(record)
+
+    def settle(self, plan: MemoryPlan, reservation_id: str, actual_cost: float | None,
+               now: float) -> tuple[float, int]:
+        with _Locked(plan.locks), self._records_lock:
+            record = self._records.get(reservation_id)
+            if record is None or now >= record["expires_at"]:
+                raise ReservationNotFound(f"no reservation {reservation_id!r} (unknown or expired)")
+            if record["status"] != OPEN:
+                raise ReservationSettled(f"reservation {reservation_id!r} is already {record['status']}")
+            record["status"] = CANCELLED if actual_cost is None else COMMITTED
+            record["actual_cost"] = actual_cost
+            delta = (actual_cost or 0) - record["cost"]
+            untaken, taken_at = record["untaken"], record["taken_at"]
+            for rule, table, name, _, _, per_request in plan.slots:
+                if delta and not per_request and name not in untaken:
+                    state = rule.adjust(table.get(name), now, delta, taken_at)
+                    if state is None:
+                        table.pop(name, None)
+                    else:
+                        table[name] = state
+            lease = record["lease"]
+            return delta, self._release(plan, now, lease) if lease else 0
+
+    def _forget_records(self, now: float) -> None:
+        """Drop the records (open or tombstones) whose hold has run out; under the lock."""
+        expiries = self._expiries
+        while expiries and expiries[0][0] <= now:
+            _, reservation_id = heapq.heappop(expiries)
+            self._records.pop(reservation_id, None)
 
     def sweep(self, now: float) -> int:
         """Drop every idle entry now; returns how many were dropped."""
@@ -214,6 +289,11 @@ class MemoryStore(Store):
             for name in idle:
                 del table[name]
         return len(idle)
+
+
+def _public(record: dict) -> dict:
+    """A record as `reservation()` shows it: the store's own bookkeeping left out."""
+    return {**{k: v for k, v in record.items() if k != "untaken"}, "keys": dict(record["keys"])}
 
 
 class _Locked:

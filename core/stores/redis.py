@@ -35,7 +35,8 @@ from redis.retry import Retry
 
 from ..buckets import GCRA, TokenBucket
 from ..concurrency import Concurrency
-from ..errors import StoreUnavailable
+from ..errors import ReservationNotFound, ReservationSettled, StoreUnavailable
+from ..reservations import CANCELLED, COMMITTED, OPEN
 from ..rules import Rule
 from ..windows import FixedWindow, SlidingWindowCounter, SlidingWindowLog
 from .base import Check, Outcome, Store
@@ -173,6 +174,128 @@ class RedisStore(Store):
         argument = f"{'-' if now is None else repr(now)} 0 {lease} release{plan.spec}"
         return int(self._call(self._evalsha, *plan.keys, argument, keys=plan.key_count)[0])
 
+    def decide_many(self, items: Sequence[tuple[RedisPlan, float, float | None, str | None]]
+                    ) -> list[Outcome | StoreUnavailable]:
+        """Every Lua decision of the batch in one pipeline (one round trip), in order. A plan
+        on the optimistic path is decided on its own, in its turn, between pipelines."""
+        results: list = [None] * len(items)
+        batch: list[tuple[int, tuple, str]] = []
+        for i, (plan, cost, now, lease) in enumerate(items):
+            if plan.optimistic:
+                self._decide_pipelined(batch, results)
+                batch = []
+                try:
+                    results[i] = self.decide(plan, cost, now, lease)
+                except StoreUnavailable as error:
+                    results[i] = error
+            else:
+                at = "-" if now is None else repr(now)
+                batch.append((i, plan.keys, f"{at} {cost!r} {lease or '-'} decide{plan.spec}"))
+        self._decide_pipelined(batch, results)
+        return results
+
+    def _decide_pipelined(self, batch: list[tuple[int, tuple, str]], results: list) -> None:
+        if not batch:
+            return
+        try:
+            answers = self._call(self._evalsha_many, [(keys, argument) for _, keys, argument in batch])
+        except StoreUnavailable as error:
+            for i, *_ in batch:
+                results[i] = error
+            return
+        failed = False
+        for (i, *_), answer in zip(batch, answers):
+            if isinstance(answer, Exception):  # that one did not run; the others counted
+                results[i], failed = StoreUnavailable(f"Redis cannot decide: {answer}"), True
+            else:
+                blocker, wait, remaining, shadows = answer
+                results[i] = blocker, float(wait), float(remaining), tuple(shadows)
+        if failed:
+            with self._lock:
+                self.breaker.failed()
+
+    def _evalsha_many(self, calls: list[tuple[tuple, str]]) -> list:
+        """EVALSHA per (keys, argument), pipelined: one round trip. The commands that answer
+        NOSCRIPT did not run, so after loading the script only they are sent again, in
+        order; those that ran are never sent twice. Errors come back in the list."""
+        answers: list = [None] * len(calls)
+        pending = list(range(len(calls)))
+        for attempt in range(NOSCRIPT_TRIES + 1):
+            if attempt:
+                self.sha = self.client.script_load(self.source)
+            with self.client.pipeline(transaction=False) as pipe:
+                for i in pending:
+                    keys, argument = calls[i]
+                    pipe.evalsha(self.sha, len(keys), *keys, argument)
+                replies = pipe.execute(raise_on_error=False)
+            missing = []
+            for i, reply in zip(pending, replies):
+                answers[i] = reply
+                if isinstance(reply, NoScriptError):
+                    missing.append(i)
+            if not missing:
+                break
+            pending = missing
+        return answers
+
+    # --- reservations: a hash per record, with a TTL -------------------------------------
+
+    def reservation_key(self, reservation_id: str) -> str:
+        """`prefix:reservation:id`: the record of one reservation."""
+        return f"{self.prefix}:reservation:{reservation_id}"
+
+    def time(self) -> float:
+        seconds, micros = self._call(self.client.time)
+        return seconds + micros / 1_000_000
+
+    def reserve(self, plan: RedisPlan, cost: float, now: float, lease: str | None,
+                record: dict) -> Outcome:
+        key, expires_at = self.reservation_key(record["id"]), record["expires_at"]
+        if plan.optimistic:
+            outcome = self._call(self._decide_optimistically, plan, cost, now, lease, expires_at)
+            if outcome[0] < 0:  # a second call: the record, written once the take is done
+                untaken = [plan.keys[i] for i in outcome[3]]
+                ttl = math.ceil(record["hold"] * 1000) + 1000  # a second of slack, as for state
+                self._call(self._write_record, key, record_fields(record, untaken), ttl)
+            return outcome
+        argument = f"{now!r} {cost!r} {lease or '-'} reserve{plan.spec}"
+        fields = [part for pair in record_fields(record, ()).items() for part in pair]
+        blocker, wait, remaining, shadows = self._call(
+            self._evalsha, *plan.keys, key, argument, repr(expires_at), *fields, keys=plan.key_count + 1)
+        return blocker, float(wait), float(remaining), tuple(shadows)
+
+    def _write_record(self, key: str, fields: dict, ttl: int) -> None:
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping=fields)
+            pipe.pexpire(key, ttl)
+            pipe.execute()
+
+    def reservation(self, reservation_id: str, now: float | None = None) -> dict | None:
+        def read() -> list:
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.time()
+                pipe.hgetall(self.reservation_key(reservation_id))
+                return pipe.execute()
+        (seconds, micros), raw = self._call(read)
+        record = decode_record(raw) if raw else None
+        at = seconds + micros / 1_000_000 if now is None else now
+        return record if record is not None and at < record["expires_at"] else None
+
+    def settle(self, plan: RedisPlan, reservation_id: str, actual_cost: float | None,
+               now: float | None) -> tuple[float, int]:
+        key = self.reservation_key(reservation_id)
+        if plan.optimistic:
+            answer = self._call(self._settle_optimistically, plan, key, actual_cost, now)
+        else:
+            argument = (f"{'-' if now is None else repr(now)} "
+                        f"{'-' if actual_cost is None else repr(actual_cost)} - settle{plan.spec}")
+            answer = self._call(self._evalsha, *plan.keys, key, argument, keys=plan.key_count + 1)
+        if answer[0] == b"missing":
+            raise ReservationNotFound(f"no reservation {reservation_id!r} (unknown or expired)")
+        if answer[0] == b"settled":
+            raise ReservationSettled(f"reservation {reservation_id!r} is already {answer[1].decode()}")
+        return float(answer[2]), int(answer[1])
+
     def explain(self, plan: RedisPlan, cost: float, now: float | None) -> list[tuple[float, float]]:
         now, states = self._read(plan, now)
         rows = []
@@ -213,37 +336,71 @@ class RedisStore(Store):
         return now, [decode(check.rule, value) for check, value in zip(plan.checks, raw)]
 
     def _decide_optimistically(self, plan: RedisPlan, cost: float, now: float | None,
-                               lease: str | None) -> Outcome:
+                               lease: str | None, lease_until: float | None = None) -> Outcome:
         """A plan with a plug-in rule that has no Lua twin: WATCH its keys, read every state,
         decide in Python (the in-process store's two phases), then write in MULTI/EXEC; if a
         key changed meanwhile, EXEC fails and the whole decision is made again. Costs 3 + n
-        round trips, and retries under contention; a Lua decision costs one."""
-        def decide(slots: list, at: float) -> tuple[Outcome, list[bool]]:
+        round trips, and retries under contention; a Lua decision costs one. `lease_until`:
+        when the lease, a reservation's, must run out."""
+        def decide(slots: list, at: float, _: Any) -> tuple[Outcome, list[bool], None]:
             outcome = MemoryStore._decide(slots, cost, at, lease)
             if outcome[0] >= 0:
-                return outcome, [False] * len(slots)
+                return outcome, [False] * len(slots), None
+            if lease_until is not None:  # a reservation's: its slots last as long as it does
+                MemoryStore._shorten_leases(slots, lease, lease_until)
             shadows = {slots[i][2] for i in outcome[3]}  # shadow rules that would deny take nothing
-            return outcome, [name not in shadows for _, _, name, *_ in slots]
+            return outcome, [name not in shadows for _, _, name, *_ in slots], None
         return self._optimistically(plan, now, decide)
 
     def _release_optimistically(self, plan: RedisPlan, now: float | None, lease: str) -> int:
-        def release(slots: list, at: float) -> tuple[int, list[bool]]:
+        def release(slots: list, at: float, _: Any) -> tuple[int, list[bool], None]:
             changed = []
             for rule, table, name, *_ in slots:
                 state = rule.release(table[name], at, lease) if rule.leased else None
                 if state is not None:
                     table[name] = state
                 changed.append(state is not None)
-            return sum(changed), changed
+            return sum(changed), changed, None
         return self._optimistically(plan, now, release)
 
-    def _optimistically(self, plan: RedisPlan, now: float | None, work: Callable) -> Any:
+    def _settle_optimistically(self, plan: RedisPlan, record_key: str, actual_cost: float | None,
+                               now: float | None) -> list:
+        """settle.lua's steps in Python, for a plan with a plug-in rule: the record is
+        watched with the rules' keys, and marked settled in the same MULTI/EXEC."""
+        def settle(slots: list, at: float, raw: dict) -> tuple[list, list[bool], dict | None]:
+            record = decode_record(raw) if raw else None
+            if record is None or at >= record["expires_at"]:
+                return [b"missing"], [False] * len(slots), None
+            if record["status"] != OPEN:
+                return [b"settled", record["status"].encode()], [False] * len(slots), None
+            delta, lease = (actual_cost or 0) - record["cost"], record["lease"]
+            changed, released = [], 0
+            for rule, table, name, _, _, per_request in slots:
+                touched = False
+                if delta and not per_request and f"untaken:{name}".encode() not in raw:
+                    table[name], touched = rule.adjust(table[name], at, delta, record["taken_at"]), True
+                if lease and rule.leased:
+                    state = rule.release(table[name], at, lease)
+                    if state is not None:
+                        table[name], touched, released = state, True, released + 1
+                changed.append(touched)
+            status = CANCELLED if actual_cost is None else COMMITTED
+            fields = {"status": status, "actual_cost": json.dumps(actual_cost)}
+            return [b"ok", released, repr(float(delta))], changed, fields
+        return self._optimistically(plan, now, settle, record_key)
+
+    def _optimistically(self, plan: RedisPlan, now: float | None, work: Callable,
+                        record_key: str | None = None) -> Any:
         # Threads of this process take turns per key set, so that WATCH only ever races
         # other processes: 200 threads all watching one key would mostly fail each other.
         with self._turns[hash(plan.keys) % len(self._turns)]:
-            return self._watch_and_write(plan, now, work)
+            return self._watch_and_write(plan, now, work, record_key)
 
-    def _watch_and_write(self, plan: RedisPlan, now: float | None, work: Callable) -> Any:
+    def _watch_and_write(self, plan: RedisPlan, now: float | None, work: Callable,
+                         record_key: str | None = None) -> Any:
+        """WATCH the plan's keys (and a reservation's record, read first and handed to
+        `work`), read every state, let `work` change them, and write back in MULTI/EXEC
+        the states it changed (and the record's fields it returns)."""
         deadline = time.monotonic() + OPTIMISTIC_DEADLINE
         with self.client.pipeline(transaction=True) as pipe:
             for attempt in itertools.count():
@@ -252,18 +409,23 @@ class RedisStore(Store):
                 if attempt:  # back off, with jitter, so that contenders stop colliding
                     time.sleep(random.uniform(0, min(0.01, 0.0002 * 2 ** attempt)))
                 try:
-                    pipe.watch(*plan.keys)
+                    pipe.watch(*plan.keys, *([record_key] if record_key else []))
+                    record = pipe.hgetall(record_key) if record_key else None
                     at, states = self._read(plan, now, pipe)
                     table = dict(zip(plan.keys, states))
                     slots = [(c.rule, table, key, c.floor, c.rule.shadow, c.rule.counts_requests)
                              for c, key in zip(plan.checks, plan.keys)]
-                    result, changed = work(slots, at)
+                    result, changed, fields = work(slots, at, record)
                     pipe.multi()
                     # Some rules change their state in place, so every state of a check
                     # that took (or released) is written back; a denial writes nothing.
                     for (check, key), took in zip(zip(plan.checks, plan.keys), changed):
                         if took and table[key] is not None:
                             write(pipe, key, check.rule, table[key], at)
+                        elif took:
+                            pipe.delete(key)  # as good as no state: a bucket refunded to full
+                    if fields:
+                        pipe.hset(record_key, mapping=fields)
                     pipe.execute()
                     return result
                 except WatchError:
@@ -361,6 +523,29 @@ def decode(rule: Rule, raw: Any) -> Any:
     return [0.0, 0.0, {lease.decode(): expiry for lease, expiry in raw}]
 
 
+# The record's fields that hold JSON; `lease` and `status` are plain text, as Lua reads them.
+_RECORD_JSON = ("id", "keys", "cost", "priority", "taken_at", "expires_at", "hold", "actual_cost")
+
+
+def record_fields(record: dict, untaken: Sequence[str]) -> dict:
+    """A reservation's record as the fields of its hash: JSON values, the lease as text
+    ('' for none), status open, and an `untaken:<state key>` field per shadow rule that
+    would have denied (it took nothing, so settling must not give anything back to it)."""
+    fields = {name: json.dumps(value) for name, value in record.items() if name in _RECORD_JSON}
+    fields.update({"lease": record["lease"] or "", "status": OPEN})
+    fields.update({f"untaken:{key}": "1" for key in untaken})
+    return fields
+
+
+def decode_record(raw: dict) -> dict:
+    """A record's hash, as read back, in the shape `reservation()` returns."""
+    fields = {name.decode(): value.decode() for name, value in raw.items()
+              if not name.startswith(b"untaken:")}
+    record = {name: json.loads(fields[name]) for name in _RECORD_JSON if name in fields}
+    record.update({"lease": fields.get("lease") or None, "status": fields.get("status", OPEN)})
+    return record
+
+
 def _base36(number: int) -> str:
     digits = "0123456789abcdefghijklmnopqrstuvwxyz"
     out = ""
@@ -371,4 +556,5 @@ def _base36(number: int) -> str:
             return out
 
 
-__all__ = ["CircuitBreaker", "RedisStore", "connect", "decode", "lua_source", "write"]
+__all__ = ["CircuitBreaker", "RedisStore", "connect", "decode", "decode_record", "lua_source",
+           "record_fields", "write"]

@@ -1,5 +1,6 @@
 """The stores' contract, property-based: for any sequence of requests, time steps, releases,
-dry runs and inspections, the in-process store and a real Redis decide exactly alike.
+dry runs, inspections, reservations and their settlements, and batches, the in-process store
+and a real Redis decide exactly alike.
 
 The engine suite runs on both stores through the `build` fixture (conftest.py); here
 hypothesis looks for a sequence that no hand-written test thought of. Both limiters share
@@ -15,7 +16,8 @@ import redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from core import RULES, HierarchicalLimiter, ManualClock, MemoryStore
+from core import (RULES, HierarchicalLimiter, LimiterError, ManualClock, MemoryStore,
+                  acquire_batch)
 from core.stores.redis import RedisStore
 
 from .helpers import (concurrency, fixed_window, gcra, register_lifetime_quota, sliding_window,
@@ -31,6 +33,8 @@ CONFIG = {
                token_bucket(2, 0.5, shadow=True)],
 }
 PRIORITIES = {"batch": {"watermark": 0.25, "levels": ["team", "global"]}}
+# For reservations, an exact log that counts cost too: its refunds come off logged entries.
+SETTLING_CONFIG = {**CONFIG, "global": [*CONFIG["global"], sliding_window(7, 5)]}
 WINDOWS = (4.0, 5.0, 10.0)  # the windows above: their boundaries are edges worth landing on
 QUOTA = "contract_lifetime_quota"
 
@@ -80,6 +84,25 @@ class AdvanceToBoundary:
     window: float
 
 
+@dataclass(frozen=True)
+class Reserve:
+    keys: dict
+    cost: float
+    priority: str | None
+    hold: float | None
+
+
+@dataclass(frozen=True)
+class Settle:
+    which: int  # index into the reservations made so far, modulo their number
+    actual_cost: float | None  # None cancels
+
+
+@dataclass(frozen=True)
+class Batch:
+    requests: tuple  # of Acquire
+
+
 USERS, TEAMS = ("ann", "bob"), ("red", "blue")
 keys_strategy = st.fixed_dictionaries({}, optional={
     "user": st.sampled_from(USERS), "team": st.sampled_from(TEAMS), "global": st.just("*")})
@@ -101,6 +124,20 @@ others = st.one_of(
 # Each step is a request, then perhaps something else: requests are what matter most.
 steps = st.tuples(st.builds(Acquire, keys_strategy, costs, priorities), others)
 starts = st.sampled_from([0.0, 1000.0, 1_700_000_000.25])  # the last: Unix time, as on Redis
+# Reservations, their settlements (refunds, charges into debt, cancels), and batches.
+acquires = st.builds(Acquire, keys_strategy, costs, priorities)
+settles = st.builds(Settle, st.integers(0, 20),
+                    st.one_of(st.none(), st.sampled_from([0, 1, 2.5, 6]),
+                              st.floats(min_value=0, max_value=8, allow_nan=False)))
+# Each step: a request or a reservation, then perhaps a settlement, perhaps something else,
+# perhaps a batch (separate slots, as hypothesis flattens nested one_of into equal branches).
+reservation_steps = st.tuples(
+    st.one_of(acquires, st.builds(Reserve, keys_strategy, costs, priorities,
+                                  st.sampled_from([None, None, 1.0, 3.0, 10.0]))),
+    st.one_of(st.none(), settles),
+    others,
+    st.one_of(st.none(), st.none(), st.builds(Batch, st.lists(acquires, max_size=6).map(tuple))),
+)
 
 
 # --- replaying a sequence on both stores ----------------------------------------------------
@@ -128,11 +165,47 @@ def assert_same_rows(on_memory, on_redis):
             assert redis_row[field] == close(memory_row[field]), field
 
 
+def settle_both(memory, on_redis, held, redis_held, actual_cost):
+    """Settle on both stores: the same settlement, or the same refusal."""
+    outcomes = []
+    for limiter, reservation in ((memory, held), (on_redis, redis_held)):
+        try:
+            settlement = limiter.settle(reservation.id, actual_cost)
+            outcomes.append(("settled", settlement.status, settlement.refunded, settlement.charged,
+                             settlement.released))
+        except LimiterError as error:
+            outcomes.append((type(error).__name__,))
+    assert outcomes[1] == outcomes[0]
+
+
 def replay(steps, clock, memory, on_redis):
     """Apply every operation to both limiters and compare what each one answers."""
-    leases, last_wait = [], None
+    leases, reservations, last_wait = [], [], None
     for op in (op for step in steps for op in step if op is not None):
-        if isinstance(op, Acquire):
+        if isinstance(op, Reserve):
+            (decision, held), (redis_decision, redis_held) = (
+                memory.reserve(op.keys, op.cost, op.priority, op.hold),
+                on_redis.reserve(op.keys, op.cost, op.priority, op.hold))
+            assert_same_decision(decision, redis_decision)
+            assert (held is None) == (redis_held is None)
+            if held is not None:
+                assert redis_held.to_dict() == {**held.to_dict(), "id": redis_held.id,
+                                                "lease": redis_held.lease}
+                reservations.append((held, redis_held))
+            elif not decision.allowed:
+                last_wait = decision.retry_after
+        elif isinstance(op, Settle) and reservations:
+            held, redis_held = reservations[op.which % len(reservations)]
+            settle_both(memory, on_redis, held, redis_held, op.actual_cost)
+            for level, key in held.keys.items():  # what the settlement left, rule by rule
+                assert_same_rows(memory.inspect(level, key), on_redis.inspect(level, key))
+        elif isinstance(op, Batch):
+            items = [(op.keys, op.cost, op.priority) for op in op.requests]
+            for decision, redis_decision in zip(acquire_batch([(memory, *item) for item in items]),
+                                                acquire_batch([(on_redis, *item) for item in items]),
+                                                strict=True):
+                assert_same_decision(decision, redis_decision)
+        elif isinstance(op, Acquire):
             pair = (memory.acquire(op.keys, op.cost, op.priority),
                     on_redis.acquire(op.keys, op.cost, op.priority))
             assert_same_decision(*pair)
@@ -202,5 +275,24 @@ class TestBothStoresDecideAlike:
         # The team's built-in rules are then read and written from Python (WATCH/MULTI)
         # rather than by their Lua twins: their state must round-trip exactly.
         config = {**CONFIG, "team": [{"type": QUOTA, "total": 30}, *CONFIG["team"]]}
+        clock = ManualClock(start)
+        replay(ops, clock, *both_stores(config, clock, redis_client))
+
+
+class TestBothStoresSettleAlike:
+    """Reservations: every refund, charge (into debt), cancel, second settle and expiry is
+    the same on both stores, and so are the decisions and states that follow."""
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(start=starts, ops=st.lists(reservation_steps, min_size=5, max_size=40))
+    def test_for_any_sequence_of_reservations_settlements_and_batches(self, redis_client, start, ops):
+        clock = ManualClock(start)
+        replay(ops, clock, *both_stores(SETTLING_CONFIG, clock, redis_client))
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(start=starts, ops=st.lists(reservation_steps, min_size=5, max_size=30))
+    def test_when_a_plug_in_sends_a_level_down_the_optimistic_path(self, redis_client,
+                                                                   lifetime_quota, start, ops):
+        config = {**SETTLING_CONFIG, "team": [{"type": QUOTA, "total": 30}, *CONFIG["team"]]}
         clock = ManualClock(start)
         replay(ops, clock, *both_stores(config, clock, redis_client))

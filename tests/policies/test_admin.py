@@ -1,5 +1,5 @@
 """The admin console: rules inline with their parameters' help, tenant search and filters,
-optimistic locking on tiers and tenants, and the audit trail."""
+optimistic locking on tiers, tenants, levels and priority classes, and the audit trail."""
 
 import json
 
@@ -98,6 +98,80 @@ def test_a_save_of_a_tenant_changed_since_it_was_opened_is_refused(client, opera
 
     assert "changed since you opened it" in response.content.decode()
     assert Tenant.objects.get(pk=acme.pk).tier.name == "pro"
+
+
+def level_form(level, **changes):
+    """The POST of a level's change page, as it was opened."""
+    return {"name": level.name, "position": level.position, "fail_mode": level.fail_mode,
+            "fallback_fraction": level.fallback_fraction, "opened_version": level.version, **changes}
+
+
+def priority_form(priority, **changes):
+    """The POST of a priority class's change page, as it was opened."""
+    return {"name": priority.name, "watermark": priority.watermark,
+            "levels": [level.pk for level in priority.levels.all()], "opened_version": priority.version, **changes}
+
+
+def test_a_level_and_a_priority_page_carry_the_version_they_were_opened_at(client, operator, loaded):
+    for url in (f"/admin/policies/level/{Level.objects.get(name='team').pk}/change/",
+                f"/admin/policies/priorityclass/{PriorityClass.objects.get(name='batch').pk}/change/"):
+        page = client.get(url).content.decode()
+        assert '<input type="hidden" name="opened_version" value="1"' in page, url
+
+
+def test_a_level_saved_with_the_version_it_was_opened_at_goes_through(client, operator, loaded):
+    team = Level.objects.get(name="team")
+    response = client.post(f"/admin/policies/level/{team.pk}/change/", level_form(team, fail_mode="closed"))
+    assert response.status_code == 302
+    assert Level.objects.filter(pk=team.pk).values_list("fail_mode", "version").get() == ("closed", 2)
+
+
+def test_a_save_of_a_level_changed_since_it_was_opened_is_refused(client, operator, loaded):
+    team = Level.objects.get(name="team")
+    opened = level_form(team, fail_mode="closed")
+    someone_else = Level.objects.get(pk=team.pk)
+    someone_else.fallback_fraction = 0.5
+    someone_else.save()
+
+    response = client.post(f"/admin/policies/level/{team.pk}/change/", opened)
+
+    assert response.status_code == 200
+    assert "This level changed since you opened it" in response.content.decode()
+    assert Level.objects.filter(pk=team.pk).values_list("fail_mode", "fallback_fraction", "version").get() == \
+        ("open", 0.5, 2)
+
+
+def test_a_save_of_a_priority_class_changed_since_it_was_opened_is_refused(client, operator, loaded):
+    batch = PriorityClass.objects.get(name="batch")
+    opened = priority_form(batch, watermark=0.5)
+    someone_else = PriorityClass.objects.get(pk=batch.pk)
+    someone_else.save()
+    someone_else.levels.set([Level.objects.get(name="team")])
+
+    response = client.post(f"/admin/policies/priorityclass/{batch.pk}/change/", opened)
+
+    assert response.status_code == 200
+    assert "This priority class changed since you opened it" in response.content.decode()
+    batch = PriorityClass.objects.get(pk=batch.pk)
+    assert (batch.watermark, batch.version, [level.name for level in batch.levels.all()]) == (0.2, 2, ["team"])
+
+
+def test_a_load_that_changes_only_a_priority_class_levels_makes_its_open_page_stale(client, operator, load, policy):
+    load(policy)
+    batch = PriorityClass.objects.get(name="batch")
+    opened = priority_form(batch, watermark=0.5)
+    policy["priorities"]["batch"]["levels"] = ["team"]
+    load(policy)
+
+    response = client.post(f"/admin/policies/priorityclass/{batch.pk}/change/", opened)
+
+    assert "changed since you opened it" in response.content.decode()
+    assert PriorityClass.objects.get(pk=batch.pk).watermark == 0.2
+
+
+def test_levels_are_not_edited_in_their_list_which_carries_no_version(client, operator, loaded):
+    page = client.get("/admin/policies/level/").content.decode()
+    assert "user" in page and 'name="form-0-position"' not in page
 
 
 def test_a_stale_copy_saved_in_code_is_refused_too(loaded):
@@ -217,3 +291,79 @@ def test_a_global_rule_that_repeats_a_tiers_rule_is_refused_on_the_rule_page(cli
     assert response.status_code == 200
     assert "repeats rule" in response.content.decode()
     assert not Rule.objects.filter(tier=None, tenant=None, level=pro_team.level_id).exists()
+
+
+# --- service tokens ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tokens():
+    """Two tokens as `manage.py createservicetoken` makes them: {name: (row, token)}."""
+    from policies.tokens import issue_token
+
+    return {"gateway": issue_token("gateway", "decide"), "ops-script": issue_token("ops-script", "admin")}
+
+
+def test_service_tokens_are_listed_without_their_digest(client, operator, tokens):
+    page = client.get("/admin/policies/servicetoken/").content.decode()
+    for row, token in tokens.values():
+        assert row.name in page and row.prefix in page
+        assert row.digest not in page and token not in page
+    assert "decide" in page and "admin" in page
+    assert "createservicetoken" in page  # where tokens come from
+
+    row, token = tokens["gateway"]
+    page = client.get(f"/admin/policies/servicetoken/{row.pk}/change/").content.decode()
+    assert row.prefix in page and row.digest not in page and "digest" not in page
+
+
+def test_a_token_cannot_be_made_from_the_admin(client, operator):
+    from policies.models import ServiceToken
+
+    assert admin.site.is_registered(ServiceToken)
+    assert client.get("/admin/policies/servicetoken/add/").status_code == 403
+    assert "/admin/policies/servicetoken/add/" not in client.get("/admin/policies/servicetoken/").content.decode()
+
+
+def test_revoking_selected_tokens_stops_them_at_once(client, operator, tokens):
+    from policies.models import ServiceToken
+    from policies.tokens import find_token
+
+    gateway, gateway_token = tokens["gateway"]
+    script, script_token = tokens["ops-script"]
+    assert find_token(gateway_token) is not None  # and now cached in this process
+
+    response = client.post("/admin/policies/servicetoken/", {"action": "revoke", "_selected_action": [gateway.pk]},
+                           follow=True)
+
+    assert "Revoked 1 token(s)" in response.content.decode()
+    assert ServiceToken.objects.get(pk=gateway.pk).revoked_at is not None
+    assert find_token(gateway_token) is None
+    assert find_token(script_token) is not None and ServiceToken.objects.get(pk=script.pk).revoked_at is None
+
+
+def test_revoking_a_revoked_token_keeps_when_it_was_revoked(client, operator, tokens):
+    from policies.models import ServiceToken
+
+    gateway, _ = tokens["gateway"]
+    client.post("/admin/policies/servicetoken/", {"action": "revoke", "_selected_action": [gateway.pk]})
+    first = ServiceToken.objects.get(pk=gateway.pk).revoked_at
+    response = client.post("/admin/policies/servicetoken/", {"action": "revoke", "_selected_action": [gateway.pk]},
+                           follow=True)
+    assert "Revoked 0 token(s)" in response.content.decode()
+    assert ServiceToken.objects.get(pk=gateway.pk).revoked_at == first
+
+
+def test_a_tokens_page_can_rename_it_but_not_widen_its_scope_or_unrevoke_it(client, operator, tokens):
+    from policies.models import ServiceToken
+
+    gateway, _ = tokens["gateway"]
+    url = f"/admin/policies/servicetoken/{gateway.pk}/change/"
+    response = client.post(url, {"name": "edge-gateway", "scope": "admin", "revoked_at_0": "", "revoked_at_1": ""})
+    assert response.status_code == 302
+    row = ServiceToken.objects.get(pk=gateway.pk)
+    assert (row.name, row.scope) == ("edge-gateway", "decide")
+
+    client.post("/admin/policies/servicetoken/", {"action": "revoke", "_selected_action": [gateway.pk]})
+    client.post(url, {"name": "edge-gateway", "revoked_at_0": "", "revoked_at_1": ""})
+    assert ServiceToken.objects.get(pk=gateway.pk).revoked

@@ -25,13 +25,13 @@ DEMO = ROOT / "policies" / "fixtures" / "demo.yaml"
 def snapshot():
     """Everything in the store, as comparable data."""
     return {
-        "levels": list(Level.objects.values_list("name", "position", "fail_mode", "fallback_fraction")),
+        "levels": list(Level.objects.values_list("name", "position", "fail_mode", "fallback_fraction", "version")),
         "tiers": list(Tier.objects.values_list("name", "version")),
         "tenants": list(Tenant.objects.values_list("key", "tier__name", "overrides_until", "version")),
         "rules": sorted(Rule.objects.values_list(
             "tier__name", "tenant__key", "level__name", "type", "params", "label", "shadow", "counts", "position"),
             key=repr),
-        "priorities": [(p.name, p.watermark, sorted(lv.name for lv in p.levels.all()))
+        "priorities": [(p.name, p.watermark, sorted(lv.name for lv in p.levels.all()), p.version)
                        for p in PriorityClass.objects.all()],
         "default_tier": PolicySettings.objects.filter(pk=1).values_list("default_tier__name", flat=True).first(),
     }
@@ -173,6 +173,16 @@ def test_a_load_bumps_the_version_of_tiers_whose_rules_changed_only(load, policy
     policy["tiers"]["free"]["team"][0]["capacity"] = 150
     load(policy)
     assert dict(Tier.objects.values_list("name", "version")) == {"free": 2, "pro": 1}
+
+
+def test_a_load_bumps_the_version_of_levels_and_priority_classes_that_changed_only(load, policy):
+    load(policy)
+    policy["levels"][1]["fail_mode"] = "closed"
+    policy["priorities"]["batch"]["levels"] = ["team"]  # its levels alone: a new version too
+    load(policy)
+    assert dict(Level.objects.values_list("name", "version")) == {"user": 1, "team": 2, "global": 1}
+    assert dict(PriorityClass.objects.values_list("name", "version")) == {"batch": 2, "interactive": 1}
+    assert "version" not in export_policy()["levels"][1]  # the file's format is unchanged
 
 
 def test_a_tenant_without_a_tier_gets_the_default_tier(load, policy):

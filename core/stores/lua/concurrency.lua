@@ -46,4 +46,10 @@ function slots.release(key, now, lease)
   return redis.call('ZREM', key, lease)
 end
 
+-- A reservation's slot lasts as long as the reservation: its lease runs out by `by`.
+function slots.shorten_lease(key, lease, by)
+  local expiry = redis.call('ZSCORE', key, lease)
+  if expiry and tonumber(expiry) > by then redis.call('ZADD', key, 'XX', number(by), lease) end
+end
+
 RULES['concurrency'] = slots

@@ -1,19 +1,24 @@
 -- One decision, atomically: phase 1 asks every rule whether the cost fits, phase 2 takes
 -- from all of them or from none. The same two phases as MemoryStore._decide.
--- KEYS: one state key per check.
+-- KEYS: one state key per check; in 'reserve' and 'settle' mode, then the reservation's record.
 -- ARGV[1]: "now cost lease mode" then, per check, "type floor counts-requests shadow a b",
 --   all space-separated. now is '-' for this server's TIME, lease '-' for none, mode
---   'decide' or 'release'. One argument rather than six per check: every argument costs the
---   client more to encode than the server spends parsing it here.
--- Returns {blocker (-1 when allowed), wait, remaining, {shadow checks that would deny}}.
-local now, cost, lease, mode, spec = string.match(ARGV[1], '^(%S+) (%S+) (%S+) (%S+)(.*)$')
+--   'decide', 'release', 'reserve' or 'settle' (where cost is the actual cost, '-' to
+--   cancel). One argument rather than six per check: every argument costs the client more
+--   to encode than the server spends parsing it here.
+-- 'reserve' also takes ARGV[2], when the reservation expires, and ARGV[3...], its record's
+--   fields and values, written when the decision takes.
+-- Returns {blocker (-1 when allowed), wait, remaining, {shadow checks that would deny}};
+--   'release' returns {slots released}; 'settle' returns {'ok', slots released, delta},
+--   {'missing'} or {'settled', status}.
+local now, cost_text, lease, mode, spec = string.match(ARGV[1], '^(%S+) (%S+) (%S+) (%S+)(.*)$')
 if now == '-' then
   local t = redis.call('TIME')
   now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 else
   now = tonumber(now)
 end
-cost = tonumber(cost)
+local cost = tonumber(cost_text)
 
 local checks = {}
 for kind, floor, per_request, shadow, a, b in
@@ -23,12 +28,45 @@ for kind, floor, per_request, shadow, a, b in
                          a = tonumber(a), b = tonumber(b)}
 end
 
-if mode == 'release' then
+local function release_all(held)
   local released = 0
   for i, check in ipairs(checks) do
-    if check.rule.release then released = released + check.rule.release(KEYS[i], now, lease) end
+    if check.rule.release then released = released + check.rule.release(KEYS[i], now, held) end
   end
-  return {released}
+  return released
+end
+
+if mode == 'release' then
+  return {release_all(lease)}
+end
+
+if mode == 'settle' then
+  -- Check the record is open, mark it settled (it stays, as a tombstone, until its TTL runs
+  -- out), adjust every rule that counts cost by the difference, and free the lease's slots.
+  local record = KEYS[#checks + 1]
+  local raw = redis.call('HGETALL', record)
+  local fields = {}
+  for i = 1, #raw, 2 do fields[raw[i]] = raw[i + 1] end
+  if not fields.status or now >= tonumber(fields.expires_at) then return {'missing'} end
+  if fields.status ~= 'open' then return {'settled', fields.status} end
+  if cost then
+    redis.call('HSET', record, 'status', 'committed', 'actual_cost', cost_text)
+  else
+    redis.call('HSET', record, 'status', 'cancelled', 'actual_cost', 'null')
+  end
+  local delta = (cost or 0) - tonumber(fields.cost)
+  local taken_at = tonumber(fields.taken_at)
+  if delta ~= 0 then
+    for i, check in ipairs(checks) do
+      -- A shadow rule that would have denied took nothing: it has nothing to settle.
+      if not check.per_request and check.rule.adjust and not fields['untaken:' .. KEYS[i]] then
+        check.rule.adjust(KEYS[i], now, delta, taken_at, check.a, check.b)
+      end
+    end
+  end
+  local released = 0
+  if fields.lease ~= '' then released = release_all(fields.lease) end
+  return {'ok', released, number(delta)}
 end
 
 local worst, blocker, shadows, found, states = 0, -1, {}, {}, {}
@@ -63,5 +101,18 @@ for i, check in ipairs(checks) do
     check.rule.save(KEYS[i], taken[1], now, check.a, check.b, taken[3], lease)
     if not check.shadow and taken[2] < remaining then remaining = taken[2] end
   end
+end
+
+if mode == 'reserve' then
+  -- The record, with a TTL until it expires; and the slots taken last no longer than it.
+  local record, expires_at = KEYS[#checks + 1], tonumber(ARGV[2])
+  for i, check in ipairs(checks) do
+    if found[i] and lease ~= '-' and check.rule.shorten_lease then
+      check.rule.shorten_lease(KEYS[i], lease, expires_at)
+    end
+  end
+  redis.call('HSET', record, unpack(ARGV, 3))
+  for _, i in ipairs(shadows) do redis.call('HSET', record, 'untaken:' .. KEYS[i + 1], '1') end
+  redis.call('PEXPIRE', record, ttl_ms(expires_at - now))
 end
 return {-1, '0', number(remaining), shadows}

@@ -43,4 +43,20 @@ function fixed.save(key, state, now, limit, window)
   redis.call('SET', key, value, 'PX', ttl_ms((state[1] + 1) * window - now))
 end
 
+-- A settled reservation: a refund comes off the window the estimate was taken in, if that
+-- is still the current one; a charge goes into the current window, over the limit if need be.
+function fixed.adjust(key, now, delta, taken_at, limit, window)
+  local index, used = used_of(fixed.load(key), now, window)
+  if delta > 0 then
+    used = used + delta
+  elseif math.floor(taken_at / window) == index then
+    used = math.max(0, used + delta)
+  end
+  if used == 0 then
+    redis.call('DEL', key)
+  else
+    fixed.save(key, {index, used}, now, limit, window)
+  end
+end
+
 RULES['fixed_window'] = fixed

@@ -54,4 +54,38 @@ function log.save(key, first, now, limit, window, cost)
   redis.call('PEXPIRE', key, ttl_ms(window))
 end
 
+-- A settled reservation: a charge logs a new entry at now; a refund comes off the entries
+-- logged at taken_at (newest first) while they are in the window. The log is then written
+-- again, without what left the window and without entries refunded to nothing.
+function log.adjust(key, now, delta, taken_at, limit, window)
+  local entries = log.load(key)
+  local first = live(entries, now, window)
+  if delta > 0 then
+    log.save(key, first, now, limit, window, delta)
+    return
+  end
+  if not entries then return end
+  local refund = -delta
+  for i = #entries, first, -1 do
+    if refund <= 0 or entries[i][1] < taken_at then break end
+    if entries[i][1] == taken_at then
+      local back = math.min(refund, entries[i][2])
+      entries[i][2] = entries[i][2] - back
+      refund = refund - back
+    end
+  end
+  redis.call('DEL', key)
+  local kept, newest = {}, nil
+  for i = first, #entries do
+    if entries[i][2] > 0 then
+      kept[#kept + 1] = number(entries[i][1]) .. ' ' .. number(entries[i][2])
+      newest = entries[i][1]
+    end
+  end
+  for i = 1, #kept, 1000 do  -- unpack() has a limit on how many values it hands over
+    redis.call('RPUSH', key, unpack(kept, i, math.min(i + 999, #kept)))
+  end
+  if newest then redis.call('PEXPIRE', key, ttl_ms(newest + window - now)) end
+end
+
 RULES['sliding_window'] = log

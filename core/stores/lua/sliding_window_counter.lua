@@ -59,4 +59,24 @@ function counter.save(key, state, now, limit, window)
   redis.call('SET', key, value, 'PX', ttl_ms((state[1] + 2) * window - now))
 end
 
+-- A settled reservation: a refund comes off the window the estimate counted in (current
+-- or previous) while it still counts; a charge goes into the current window.
+function counter.adjust(key, now, delta, taken_at, limit, window)
+  local state = counter.load(key)
+  local index, previous, current = counts(state, now, window)
+  if delta > 0 then
+    current = current + delta
+  elseif not state then
+    return
+  else
+    local taken = math.floor(taken_at / window)
+    if taken == index then
+      current = math.max(0, current + delta)
+    elseif taken == index - 1 then
+      previous = math.max(0, previous + delta)
+    end
+  end
+  counter.save(key, {index, previous, current}, now, limit, window)
+end
+
 RULES['sliding_window_counter'] = counter

@@ -58,5 +58,30 @@ function bucket.save(key, state, now, capacity, rate)
   end
 end
 
+-- A settled reservation: charge (delta > 0) or give back (delta < 0) the difference from
+-- its estimate. A charge may leave the bucket below zero; a refund never fills it past full.
+function bucket.adjust(key, now, delta, taken_at, capacity, rate)
+  local state = bucket.load(key)
+  if rate == 0 then
+    local spent = (state or 0) + delta
+    if spent > 0 then
+      bucket.save(key, spent, now, capacity, rate)
+    else
+      redis.call('DEL', key)
+    end
+    return
+  end
+  local full_at
+  if delta > 0 then
+    full_at = start_of(state, now) + delta / rate
+  elseif not state or state * 1e-6 + delta / rate <= now then
+    redis.call('DEL', key)  -- full again
+    return
+  else
+    full_at = state * 1e-6 + delta / rate
+  end
+  bucket.save(key, math.floor(full_at * 1e6 + 0.5), now, capacity, rate)
+end
+
 RULES['token_bucket'] = bucket
 RULES['gcra'] = bucket

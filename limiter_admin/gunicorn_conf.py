@@ -1,0 +1,32 @@
+"""gunicorn settings shared by `make run`, the end-to-end tests and bench/http.py:
+
+    gunicorn limiter_admin.wsgi -c python:limiter_admin.gunicorn_conf -b 127.0.0.1:8000 -w 4
+
+With several workers, each keeps its own Prometheus counters; these hooks give them a
+shared directory (prometheus-client's multiprocess mode) so /metrics adds them all up.
+"""
+
+import os
+import shutil
+import tempfile
+
+# Fail fast rather than queue: a gateway waiting on the limiter is worse than a 503.
+timeout = 30
+graceful_timeout = 10
+control_socket_disable = True
+
+
+def on_starting(server):
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        directory = tempfile.mkdtemp(prefix="limiter-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+    # Counters of an earlier run would be added to this one's.
+    shutil.rmtree(directory, ignore_errors=True)
+    os.makedirs(directory, exist_ok=True)
+
+
+def child_exit(server, worker):
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)

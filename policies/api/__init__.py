@@ -1,0 +1,1 @@
+"""The REST API, v1: decisions, batches, reservations, buckets, statistics and policy CRUD."""

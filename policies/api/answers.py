@@ -1,0 +1,92 @@
+"""What a decision looks like on the wire: its JSON body and its rate-limit header fields.
+
+The fields are those of `policies.headers` (IETF draft-ietf-httpapi-ratelimit-headers), with
+one policy item per enforced rule of the request's levels:
+
+    RateLimit-Policy: "user:token_bucket";q=10;w=10, "team:token_bucket";q=100;w=10
+    RateLimit: "team:token_bucket";r=0;t=3
+    Retry-After: 3                                      (denials only, whole seconds, rounded up)
+
+`RateLimit` reports one of them: on a denial the rule that blocked, otherwise the rule with
+the smallest quota, with `r` the decision's `remaining` (the tightest rule's room, rounded
+down). The store reports only the tightest room, not which rule holds it, so on an allowed
+answer the named rule is a best guess.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from core import Decision, HierarchicalLimiter
+from core.decision import allowed
+from policies.headers import ratelimit_headers, retry_after_header, rule_quota
+
+
+def _number(value: float) -> float | None:
+    """JSON has no infinity: an unbounded value is null."""
+    if value == math.inf or value != value:
+        return None
+    return round(value, 6)
+
+
+def decision_body(decision: Decision) -> dict:
+    return {
+        "allowed": decision.allowed,
+        "retry_after": _number(decision.retry_after),
+        "blocked_by": decision.blocked_by,
+        "reason": decision.reason,
+        "remaining": _number(decision.remaining),
+        "degraded": decision.degraded,
+        "shadow_blocked": list(decision.shadow_blocked),
+    }
+
+
+def explain_rows(rows: list[dict]) -> list[dict]:
+    """A dry run's per-rule findings, JSON-safe."""
+    return [{"level": row["level"], "key": row["key"], "rule": row["rule"], "name": row["name"],
+             "label": row["label"], "shadow": row["shadow"], "wait": _number(row["wait"]),
+             "remaining": _number(row["remaining"])} for row in rows]
+
+
+class _HeaderPlan:
+    """The policy items of one limiter and set of levels, worked out once."""
+
+    __slots__ = ("policy", "items", "smallest")
+
+    def __init__(self, items: list[tuple[str, str, float, float | None]]) -> None:
+        self.policy = ", ".join(ratelimit_headers(allowed(math.inf), q, w, item)["RateLimit-Policy"]
+                                for item, _, q, w in items)
+        self.items = {name: (item, q, w) for item, name, q, w in items}
+        smallest = min(items, key=lambda i: i[2]) if items else None
+        self.smallest = (smallest[0], smallest[2], smallest[3]) if smallest else None
+
+
+def _header_plan(limiter: HierarchicalLimiter, levels: tuple[str, ...]) -> _HeaderPlan:
+    cache = limiter.__dict__.setdefault("_header_plans", {})
+    plan = cache.get(levels)
+    if plan is None:
+        items = []
+        for level in levels:
+            rules = [rule for rule in limiter.levels.get(level, []) if not rule.shadow]
+            types = [rule.type_name for rule in rules]
+            for i, rule in enumerate(rules):
+                quota, window = rule_quota(rule)
+                if not math.isfinite(quota):
+                    continue
+                item = f"{level}:{rule.type_name}" + (f"#{i}" if types.count(rule.type_name) > 1 else "")
+                items.append((item, f"{level}: {rule.display()}", quota, window))
+        plan = cache[levels] = _HeaderPlan(items)
+    return plan
+
+
+def decision_headers(limiter: HierarchicalLimiter, keys: Mapping[str, str], decision: Decision) -> dict:
+    plan = _header_plan(limiter, tuple(keys))
+    headers = {}
+    if plan.smallest is not None:
+        item, quota, window = plan.items.get(decision.blocked_by) or plan.smallest
+        headers = ratelimit_headers(decision, quota, window, item)
+        headers["RateLimit-Policy"] = plan.policy
+    if not decision.allowed and math.isfinite(decision.retry_after):
+        headers["Retry-After"] = retry_after_header(decision.retry_after)
+    return headers

@@ -1,0 +1,98 @@
+"""Who may call what: service tokens (Bearer) and operators' admin sessions.
+
+| caller | decisions, batches, reservations | everything else |
+|---|---|---|
+| `decide` token | yes | 403 |
+| `admin` token, staff session | yes | yes |
+| non-staff session | 403 | 403 |
+| nobody, a bad or revoked token | 401 | 401 |
+
+Session calls that change something need the CSRF token (DRF's SessionAuthentication
+enforces it); token calls do not, since a browser never sends a Bearer token by itself.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import authentication, exceptions, permissions
+
+from policies.tokens import TokenIdentity, find_token
+
+
+class TokenUser:
+    """What `request.user` is for a token call: not a Django user, and never staff."""
+
+    is_authenticated = True
+    is_active = True
+    is_staff = False
+    is_superuser = False
+
+    def __init__(self, identity: TokenIdentity) -> None:
+        self.identity = identity
+        self.username = f"token:{identity.name}"
+
+    def __str__(self) -> str:
+        return self.username
+
+
+class ServiceTokenAuthentication(authentication.BaseAuthentication):
+    """`Authorization: Bearer la_...`; `request.auth` is the token's TokenIdentity."""
+
+    keyword = "Bearer"
+
+    def authenticate(self, request):
+        header = request.META.get("HTTP_AUTHORIZATION", "")
+        if not header:
+            return None
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer":
+            return None
+        token = token.strip()
+        if not token or " " in token:
+            raise exceptions.AuthenticationFailed("malformed Bearer token")
+        identity = find_token(token)
+        if identity is None:
+            raise exceptions.AuthenticationFailed("unknown or revoked token")
+        return TokenUser(identity), identity
+
+    def authenticate_header(self, request):
+        return 'Bearer realm="limiter"'
+
+
+def _scope(request) -> str | None:
+    """`admin`, `decide`, or None for a caller with no API rights."""
+    if isinstance(request.auth, TokenIdentity):
+        return request.auth.scope
+    user = request.user
+    if user is not None and user.is_authenticated and user.is_active and user.is_staff:
+        return "admin"
+    return None
+
+
+class CanDecide(permissions.BasePermission):
+    """Decisions, batches and reservations: any token, or a staff session."""
+
+    message = "this call needs a decide or admin token, or an operator's session"
+
+    def has_permission(self, request, view):
+        return _scope(request) in ("decide", "admin")
+
+
+class IsOperator(permissions.BasePermission):
+    """Everything else: an admin token, or a staff session."""
+
+    message = "this call needs an admin token or an operator's session"
+
+    def has_permission(self, request, view):
+        return _scope(request) == "admin"
+
+
+class ServiceTokenScheme(OpenApiAuthenticationExtension):
+    """How the OpenAPI schema names the token scheme."""
+
+    target_class = ServiceTokenAuthentication
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer",
+                "description": "A token from `manage.py createservicetoken NAME --scope decide|admin`."}

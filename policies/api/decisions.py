@@ -1,0 +1,143 @@
+"""The gateways' endpoints: decisions, batches of decisions, and reservations.
+
+Every answer to "may this request go?" is a 200, allowed or not, degraded or not: the
+gateway reads `allowed`. Errors (a 4xx in the one error shape) are for requests that could
+not be decided at all.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from core import InvalidRequest, ReservationNotFound, ReservationSettled
+from core.limiter import acquire_batch
+from policies.compile import TENANT_LEVEL, policy_cache
+
+from . import schemas
+from .answers import decision_body, decision_headers, explain_rows
+from .auth import CanDecide
+from .errors import conflict, invalid, not_found
+from .observe import record
+from .requests import parse_batch, parse_decision, parse_reservation, parse_settlement
+
+
+class DecisionView(APIView):
+    permission_classes = [CanDecide]
+
+    @extend_schema(request=schemas.DecisionRequest, responses={200: schemas.Decision, **schemas.ERRORS},
+                   summary="May this request go?", tags=["decisions"],
+                   description="Checks every rule at every level named in `keys`, then takes `cost` from "
+                               "all of them or from none. `dry_run` explains without taking anything.")
+    def post(self, request):
+        cache = policy_cache()
+        asked = parse_decision(request.data, cache.current())
+        limiter = cache.limiter_for(asked.keys.get(TENANT_LEVEL))
+        if asked.dry_run:
+            decision, rows = limiter.explain(asked.keys, asked.cost, asked.priority)
+            body = {**decision_body(decision), "dry_run": True, "rules": explain_rows(rows)}
+        else:
+            decision = limiter.acquire(asked.keys, asked.cost, asked.priority)
+            record(asked.keys, decision)
+            body = decision_body(decision)
+        return Response(body, headers=decision_headers(limiter, asked.keys, decision))
+
+
+class BatchView(APIView):
+    permission_classes = [CanDecide]
+
+    @extend_schema(request=schemas.BatchRequest, responses={200: schemas.BatchAnswer, **schemas.ERRORS},
+                   summary="Many decisions at once", tags=["decisions"],
+                   description="Up to 1,000 requests, answered in order, each as if made one after the "
+                               "other. On Redis the whole batch is one pipelined round trip.")
+    def post(self, request):
+        cache = policy_cache()
+        asked = parse_batch(request.data, cache.current())
+        items = [(cache.limiter_for(r.keys.get(TENANT_LEVEL)), r.keys, r.cost, r.priority) for r in asked]
+        try:
+            decisions = acquire_batch(items)
+        except InvalidRequest as error:  # an item's field, named by core as "<index>.<field>"
+            if not error.field:
+                raise
+            raise invalid(f"requests.{error.field}", str(error).split(": ", 1)[-1]) from None
+        for r, decision in zip(asked, decisions):
+            record(r.keys, decision)
+        return Response({"decisions": [decision_body(d) for d in decisions]})
+
+
+def _epoch_iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+class ReservationView(APIView):
+    permission_classes = [CanDecide]
+
+    @extend_schema(request=schemas.ReservationRequest,
+                   responses={201: schemas.Reservation,
+                              200: OpenApiResponse(schemas.Reservation, description="Denied: nothing reserved."),
+                              **schemas.ERRORS},
+                   summary="Reserve an estimated cost", tags=["reservations"],
+                   description="Takes `cost` at every level (and any concurrency slots) at once, or nothing. "
+                               "Settle it with /commit and the actual cost, or /cancel. An unsettled "
+                               "reservation's slots come back when it expires; its tokens stay spent. "
+                               "While the store is down a fail mode may allow without a reservation: "
+                               "then `id` is null and there is nothing to settle.")
+    def post(self, request):
+        cache = policy_cache()
+        keys, cost, priority, hold = parse_reservation(request.data, cache.current())
+        limiter = cache.limiter_for(keys.get(TENANT_LEVEL))
+        decision, reservation = limiter.reserve(keys, cost, priority, hold)
+        record(keys, decision)
+        body = {**decision_body(decision), "id": None, "expires_at": None, "cost": cost}
+        if reservation is not None:
+            # The store's clock may not be the wall clock (in-process: monotonic), so the
+            # expiry is reported as now plus what is left of the hold.
+            left = reservation.expires_at - reservation.taken_at
+            body.update(id=reservation.id, expires_at=_epoch_iso(_wall_now() + left), hold=left)
+        status = 201 if decision.allowed else 200
+        return Response(body, status=status, headers=decision_headers(limiter, keys, decision))
+
+
+def _wall_now() -> float:
+    import time
+
+    return time.time()
+
+
+class SettleView(APIView):
+    permission_classes = [CanDecide]
+    commit = True
+
+    def post(self, request, reservation_id):
+        actual_cost = parse_settlement(request.data, required=self.commit)
+        try:
+            settlement = policy_cache().settle(reservation_id, actual_cost)
+        except ReservationNotFound:
+            raise not_found(f"no open reservation {reservation_id!r}: unknown, or expired", "id") from None
+        except ReservationSettled:
+            raise conflict(f"reservation {reservation_id!r} is already settled", "id") from None
+        return Response({"id": reservation_id, "status": "committed" if self.commit else "cancelled",
+                         "refunded": settlement.refunded, "charged": settlement.charged,
+                         "released": settlement.released})
+
+
+class CommitView(SettleView):
+    @extend_schema(request=schemas.CommitRequest, responses={200: schemas.Settlement, **schemas.ERRORS},
+                   summary="Settle a reservation with its actual cost", tags=["reservations"],
+                   description="Refunds the estimate's excess, or charges the shortfall (which may put a "
+                               "rule into debt), and releases concurrency slots. 404 when unknown or "
+                               "expired; 409 when already settled.")
+    def post(self, request, reservation_id):
+        return super().post(request, reservation_id)
+
+
+class CancelView(SettleView):
+    commit = False
+
+    @extend_schema(request=None, responses={200: schemas.Settlement, **schemas.ERRORS},
+                   summary="Cancel a reservation: refund all of it", tags=["reservations"])
+    def post(self, request, reservation_id):
+        return super().post(request, reservation_id)

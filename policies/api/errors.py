@@ -1,0 +1,136 @@
+"""One error shape for the whole API: `{"error": {"code", "message", "fields"}}`.
+
+DRF's exceptions, the engine's errors and the database's are all turned into it here, so no
+view formats an error of its own. `fields` maps dotted paths (`requests.3.cost`) to what is
+wrong there; `message` repeats the first of them, so a log line alone says enough.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db import DatabaseError
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+
+from core import ConfigError, InvalidRequest, StoreUnavailable
+from core.errors import LimiterError
+
+log = logging.getLogger(__name__)
+
+
+class APIError(exceptions.APIException):
+    """An error a view raises on purpose, with its code, status and fields."""
+
+    def __init__(self, status_code: int, code: str, message: str, fields: dict | None = None) -> None:
+        super().__init__(message, code)
+        self.status_code, self.code, self.message, self.fields = status_code, code, message, fields or {}
+
+
+def invalid(field: str, message: str) -> APIError:
+    return APIError(400, "invalid", f"{field}: {message}" if field else message,
+                    {field: message} if field else {})
+
+
+def conflict(message: str, field: str = "") -> APIError:
+    return APIError(409, "conflict", message, {field: message} if field else {})
+
+
+def not_found(message: str, field: str = "") -> APIError:
+    return APIError(404, "not_found", message, {field: message} if field else {})
+
+
+def error_body(code: str, message: str, fields: dict | None = None) -> dict:
+    return {"error": {"code": code, "message": message, "fields": fields or {}}}
+
+
+def flatten(detail: Any, path: str = "") -> dict[str, str]:
+    """DRF's nested error detail as {dotted path: first message}."""
+    if isinstance(detail, dict):
+        found = {}
+        for name, value in detail.items():
+            name = "" if name == "non_field_errors" else str(name)
+            found.update(flatten(value, f"{path}.{name}" if path and name else path or name))
+        return found
+    if isinstance(detail, list):
+        if detail and all(not isinstance(item, (dict, list)) for item in detail):
+            return {path: str(detail[0])}
+        found = {}
+        for index, item in enumerate(detail):
+            if item:
+                found.update(flatten(item, f"{path}.{index}" if path else str(index)))
+        return found
+    return {path: str(detail)}
+
+
+def _message(fields: dict[str, str], fallback: str) -> str:
+    if not fields:
+        return fallback
+    field, text = next(iter(fields.items()))
+    return f"{field}: {text}" if field else text
+
+
+_CODES = {
+    exceptions.ParseError: (400, "malformed_request"),
+    exceptions.NotAuthenticated: (401, "not_authenticated"),
+    exceptions.AuthenticationFailed: (401, "authentication_failed"),
+    exceptions.PermissionDenied: (403, "permission_denied"),
+    exceptions.NotFound: (404, "not_found"),
+    exceptions.MethodNotAllowed: (405, "method_not_allowed"),
+    exceptions.NotAcceptable: (406, "not_acceptable"),
+    exceptions.UnsupportedMediaType: (415, "unsupported_media_type"),
+    exceptions.Throttled: (429, "rate_limited"),
+}
+
+
+def handle_exception(exc: Exception, context: dict) -> Response | None:
+    """DRF's EXCEPTION_HANDLER: every error a view raises, in the one shape."""
+    headers = {}
+    if isinstance(exc, APIError):
+        return Response(error_body(exc.code, exc.message, exc.fields), status=exc.status_code)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+    if isinstance(exc, exceptions.ValidationError):
+        fields = flatten(exc.detail)
+        return Response(error_body("invalid", _message(fields, "invalid request"), fields), status=400)
+    if isinstance(exc, InvalidRequest):
+        fields = {exc.field: str(exc).split(": ", 1)[-1]} if exc.field else {}
+        return Response(error_body("invalid", str(exc), fields), status=400)
+    if isinstance(exc, ConfigError):
+        fields = {exc.path: exc.reason} if exc.path else {}
+        return Response(error_body("invalid", str(exc), fields), status=400)
+    if isinstance(exc, StoreUnavailable):
+        return Response(error_body("store_unavailable", f"the limiter's store is unreachable: {exc}"),
+                        status=503, headers={"Retry-After": "1"})
+    if isinstance(exc, DatabaseError):
+        log.warning("database error in the API: %s", exc)
+        return Response(error_body("database_unavailable", "the policy database is unreachable; try again"),
+                        status=503, headers={"Retry-After": "1"})
+    if isinstance(exc, LimiterError):
+        return Response(error_body("invalid", str(exc)), status=400)
+    if isinstance(exc, exceptions.APIException):
+        status_code, code = _CODES.get(type(exc), (exc.status_code, "error"))
+        status_code = exc.status_code  # DRF turns a 401 into 403 when no scheme can challenge
+        if getattr(exc, "auth_header", None):
+            headers["WWW-Authenticate"] = exc.auth_header
+        if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
+            headers["Retry-After"] = str(int(-(-exc.wait // 1)))
+        fields = flatten(exc.detail) if isinstance(exc.detail, (dict, list)) else {}
+        message = _message(fields, str(exc.detail))
+        return Response(error_body(code, message, fields), status=status_code, headers=headers)
+    return None  # a bug: Django's 500 handler answers (in the same shape, see server_error)
+
+
+def server_error(request, *args, **kwargs) -> JsonResponse:
+    """handler500 for the API's paths: even a bug answers in the error shape."""
+    return JsonResponse(error_body("server_error", "internal error; it has been logged"),
+                        status=status.HTTP_500_INTERNAL_SERVER_ERROR)
+
+
+def page_not_found(request, exception=None) -> JsonResponse:
+    return JsonResponse(error_body("not_found", f"no such resource: {request.path}"), status=404)

@@ -1,0 +1,118 @@
+"""The operators' read-outs: a key's live buckets, and who is being throttled by what.
+
+The dashboard shows the same data through the same functions (`bucket_report`,
+`blocked_report`), so nothing is computed twice.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from policies.compile import TENANT_LEVEL, Policy, policy_cache
+
+from . import schemas
+from .auth import IsOperator
+from .errors import invalid
+from .observe import denial_stats
+from .requests import MAX_KEY_LENGTH
+
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_WINDOW = 86_400
+MAX_TOP = 100
+
+
+def json_safe(value: Any) -> Any:
+    """Rule states may hold infinities; JSON has none (null stands for unbounded)."""
+    if isinstance(value, float):
+        return None if not math.isfinite(value) else round(value, 6)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def rule_sources(policy: Policy, team_key: str | None, now: float) -> tuple[dict, dict[str, list[str]]]:
+    """Where each level's rules come from, in the order the limiter holds them: the tier,
+    the tenant's override, or the global rules."""
+    kind, name = policy.route(team_key, now)
+    tenant = policy.tenants.get(team_key) if team_key is not None else None
+    tier = tenant.tier if tenant is not None else policy.default_tier
+    sources = {}
+    for level in policy.levels:
+        overridden = kind == "tenant" and level in policy.tenants[name].overrides
+        own = policy.tenants[name].overrides[level] if overridden else policy.tiers.get(tier, {}).get(level, [])
+        origin = f"override: {name}" if overridden else f"tier: {tier}"
+        sources[level] = [origin] * len(own) + ["global"] * len(policy.global_rules.get(level, []))
+    route = {"tenant": tenant and team_key, "tier": tier, "override": kind == "tenant"}
+    return route, sources
+
+
+def bucket_report(level: str, key: str, team: str | None = None) -> dict:
+    """Every rule that applies to `key` at `level`, with its live state and origin."""
+    cache = policy_cache()
+    policy = cache.current()
+    if level not in policy.levels:
+        raise invalid("level", f"level not configured (configured: {', '.join(policy.levels) or 'none'})")
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+        raise invalid("key", f"must be 1 to {MAX_KEY_LENGTH} characters")
+    team_key = key if level == TENANT_LEVEL else team
+    route, sources = rule_sources(policy, team_key, cache.clock())
+    rows = cache.limiter_for(team_key).inspect(level, key)
+    rules = [{"rule": row["rule"], "name": row["name"], "label": row["label"], "shadow": row["shadow"],
+              "source": source, "state": json_safe(row["state"])}
+             for row, source in zip(rows, sources[level])]
+    return {"level": level, "key": key, **route, "rules": rules}
+
+
+def parse_window(value: Any) -> int:
+    """`300`, `300s`, `5m`, `1h` or `24h`: seconds, 1 to 86,400."""
+    match = re.fullmatch(r"\s*(\d{1,6})\s*([smhd]?)\s*", str(value or "")) if value is not None else None
+    seconds = int(match.group(1)) * _UNITS[match.group(2)] if match else 0
+    if not 0 < seconds <= MAX_WINDOW:
+        raise invalid("window", f"must be a duration from 1s to 24h, like 300, 5m or 1h; got {value!r}")
+    return seconds
+
+
+def blocked_report(window: int, top: int = 10) -> dict:
+    return denial_stats().report(window, top=top)
+
+
+class BucketsView(APIView):
+    permission_classes = [IsOperator]
+
+    @extend_schema(parameters=[OpenApiParameter("level", str, required=True, description="A configured level."),
+                               OpenApiParameter("key", str, required=True, description="The key at that level."),
+                               OpenApiParameter("team", str, description="For user keys: the team whose tier applies "
+                                                                         "(default: the default tier).")],
+                   responses={200: OpenApiTypes.OBJECT, **schemas.ERRORS}, tags=["observe"],
+                   summary="The live state of every rule for a key")
+    def get(self, request):
+        query = request.query_params
+        for required in ("level", "key"):
+            if not query.get(required):
+                raise invalid(required, "this query parameter is required")
+        team = query.get("team") or None
+        return Response(bucket_report(query["level"], query["key"], team))
+
+
+class BlockedStatsView(APIView):
+    permission_classes = [IsOperator]
+
+    @extend_schema(parameters=[OpenApiParameter("window", str, description="5m, 1h, 24h or seconds (default 1h)."),
+                               OpenApiParameter("top", int, description="Most throttled keys per level (1-100, default 10).")],
+                   responses={200: OpenApiTypes.OBJECT, **schemas.ERRORS, **schemas.UNAVAILABLE}, tags=["observe"],
+                   summary="Denials by blocked_by, and the most throttled keys per level")
+    def get(self, request):
+        window = parse_window(request.query_params.get("window", "1h"))
+        top = request.query_params.get("top", "10")
+        if not top.isdigit() or not 1 <= int(top) <= MAX_TOP:
+            raise invalid("top", f"must be a whole number from 1 to {MAX_TOP}")
+        return Response(blocked_report(window, int(top)))

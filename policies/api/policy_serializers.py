@@ -1,0 +1,413 @@
+"""The policy's shapes on the wire: tiers, tenants, levels, priority classes, the settings.
+
+A tier's rules have the policy file's shape, rule specs by level name:
+
+    {"name": "pro", "rules": {"user": [{"type": "sliding_window", "limit": 600, "window": 60}]},
+     "version": 3}
+
+Nothing here decides what is valid. A rule is built by the engine (`build_rule`), a row is
+checked by its model (`full_clean`), and an owner's rules with the global rules by the
+admin's own check (`check_with_global_rules`); this module only says where an error is
+(`rules.user.0.capacity`). On top of that every serializer is strict: an unknown field is
+refused, `version` is the optimistic lock of every row but the settings, and a PUT must
+send every field (a forgotten field is an error, never a silent reset).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any, Mapping
+
+from django.core.exceptions import NON_FIELD_ERRORS
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.plumbing import ResolvedComponent
+from rest_framework import serializers
+
+from core import RULES, ConfigError
+from core.rules import build_rule
+from policies.admin import check_with_global_rules
+from policies.models import Level, PriorityClass, Rule, Tenant, Tier
+# The policy file's mapping of a rule spec onto a Rule row, so that the two never differ.
+from policies.policyfile import _rule_fields as rule_fields
+
+from .errors import conflict
+
+VERSION_HELP = ("Optimistic lock: the version you read. Required by PUT and PATCH (409 if the row changed "
+                "since); set by the server, so leave it out when creating.")
+
+
+# Where an error is ----------------------------------------------------------------------
+
+
+def engine_path(path: str) -> str:
+    """The engine's `user[1].capacity` as the API's dotted `user.1.capacity`."""
+    return re.sub(r"\[(\d+)\]", r".\1", path).strip(".")
+
+
+def full_clean(row, exclude: tuple[str, ...] = (), prefix: str = "") -> None:
+    """The model's own validation; its errors keyed by field (`prefix` before each name).
+    A clash with an existing row's unique name is a 409, not a 400."""
+    try:
+        row.full_clean(exclude=list(exclude))
+    except DjangoValidationError as error:
+        errors = error.error_dict if hasattr(error, "error_dict") else {NON_FIELD_ERRORS: error.error_list}
+        for field, items in errors.items():
+            if any(item.code == "unique" for item in items) and field != NON_FIELD_ERRORS:
+                raise conflict(f"{row._meta.verbose_name} {getattr(row, field)!r} already exists",
+                               f"{prefix}{field}") from None
+        raise serializers.ValidationError({
+            (prefix.rstrip(".") or "non_field_errors") if field == NON_FIELD_ERRORS else f"{prefix}{field}":
+                [message for item in items for message in item.messages]
+            for field, items in errors.items()}) from None
+
+
+# Rules ----------------------------------------------------------------------------------
+
+
+def rules_by_level(rules) -> dict[str, list[dict]]:
+    """Rule rows (ordered by level, then position) as the policy file spells them."""
+    out: dict[str, list[dict]] = {}
+    for rule in rules:
+        out.setdefault(rule.level.name, []).append(rule.spec())
+    return out
+
+
+class RuleMapField(serializers.Field):
+    """Rule specs by level name. Reads as `{level: [spec, ...]}`; each spec is built by the
+    engine and checked by the Rule model. The value is `{level: [unsaved Rule rows]}`; a
+    level given `null` or `[]` has no rules (on PATCH: its rules are removed)."""
+
+    def to_representation(self, rules):
+        return rules_by_level(rules.all())  # the views prefetch rules__level
+
+    def to_internal_value(self, data: Any) -> dict[str, list[Rule]]:
+        if not isinstance(data, Mapping):
+            raise serializers.ValidationError("must be an object mapping level names to lists of rules, "
+                                              'e.g. {"user": [{"type": "token_bucket", ...}]}')
+        levels = {level.name: level for level in Level.objects.all()}
+        out = {}
+        for name, specs in data.items():
+            if name not in levels:
+                raise serializers.ValidationError({name: f"unknown level (known: {', '.join(levels) or 'none'})"})
+            if specs is not None and not isinstance(specs, list):
+                raise serializers.ValidationError({name: f"must be a list of rules, not {type(specs).__name__}"})
+            out[name] = [self._rule(spec, levels[name], f"{name}.{i}") for i, spec in enumerate(specs or [])]
+        return out
+
+    @staticmethod
+    def _rule(spec: Any, level: Level, path: str) -> Rule:
+        try:
+            build_rule(spec, path)
+        except ConfigError as error:
+            raise serializers.ValidationError({engine_path(error.path) or path: error.reason}) from None
+        row = Rule(level=level, position=int(path.rsplit(".", 1)[1]), **rule_fields(spec))
+        full_clean(row, exclude=("tier", "tenant"), prefix=f"{path}.")
+        return row
+
+
+def merged_rules(current, given: dict[str, list[Rule]] | None, partial: bool) -> dict[str, list[Rule]]:
+    """The rules an owner will have: `given` alone, or on PATCH `given` over `current`,
+    level by level (a level not named keeps its rules)."""
+    if given is None:
+        given = {}
+    out: dict[str, list[Rule]] = {}
+    if partial and current is not None:
+        for rule in current.select_related("level"):
+            out.setdefault(rule.level.name, []).append(rule)
+    out.update(given)
+    return {level: rules for level, rules in out.items() if rules}
+
+
+def check_rules(rules: dict[str, list[Rule]], field: str) -> None:
+    """With the global rules, as the admin checks them; a repeat is named at `field.level.i`."""
+    try:
+        check_with_global_rules({level: [rule.spec() for rule in specs] for level, specs in rules.items()})
+    except ConfigError as error:
+        raise serializers.ValidationError({f"{field}.{engine_path(error.path)}": error.reason}) from None
+
+
+def write_rules(owner: Tier | Tenant, rules: dict[str, list[Rule]]) -> None:
+    """Make the owner's rules these, replacing them all; left alone when nothing changed, so
+    the audit trail shows only real changes."""
+    current = owner.rules.select_related("level")
+    if rules_by_level(current) == {level: [rule.spec() for rule in specs] for level, specs in rules.items()}:
+        return
+    current.delete()
+    for specs in rules.values():
+        for position, rule in enumerate(specs):
+            fields = {k: getattr(rule, k) for k in ("type", "params", "label", "shadow", "counts")}
+            Rule.objects.create(level=rule.level, position=position, **{_owner_field(owner): owner}, **fields)
+
+
+def _owner_field(owner) -> str:
+    return "tier" if isinstance(owner, Tier) else "tenant"
+
+
+class RuleMapExtension(OpenApiSerializerFieldExtension):
+    """Rule specs by level in the schema. A spec is one of a component per registered rule
+    type, with the parameters it declares (core.Param.schema): a new type documents itself."""
+
+    target_class = RuleMapField
+
+    def map_serializer_field(self, auto_schema, direction):
+        mapping = {}
+        for name in sorted(RULES):
+            variant = ResolvedComponent(name=_component_name(name), type=ResolvedComponent.SCHEMA,
+                                        object=f"rule:{name}", schema=rule_type_schema(name))
+            auto_schema.registry.register_on_missing(variant)
+            mapping[name] = variant.ref["$ref"]
+        spec = ResolvedComponent(name="RuleSpec", type=ResolvedComponent.SCHEMA, object="RuleSpec", schema={
+            "oneOf": [{"$ref": ref} for ref in mapping.values()],
+            "discriminator": {"propertyName": "type", "mapping": mapping},
+            "description": "A rule, as in the policy file: its type, the type's parameters, and optionally "
+                           "label, shadow and counts."})
+        auto_schema.registry.register_on_missing(spec)
+        return {"type": "object", "additionalProperties": {"type": "array", "items": spec.ref},
+                "example": {"user": [{"type": "token_bucket", "capacity": 10, "per_second": 1}]}}
+
+
+def _component_name(rule_type: str) -> str:
+    return "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", rule_type)) + "Rule"
+
+
+def rule_type_schema(name: str) -> dict:
+    params = RULES[name].params
+    return {"type": "object", "description": (RULES[name].__doc__ or "").strip().split("\n")[0],
+            "properties": {"type": {"type": "string", "enum": [name]},
+                           **{param.name: _openapi_30(param.schema()) for param in params},
+                           "label": {"type": "string", "minLength": 1,
+                                     "maxLength": Rule._meta.get_field("label").max_length,
+                                     "description": "The reason code a denial reports, e.g. RPM_LIMIT."},
+                           "shadow": {"type": "boolean", "default": False,
+                                      "description": "Evaluated and counted, never denies."},
+                           "counts": {"type": "string", "enum": ["cost", "requests"], "default": "cost",
+                                      "description": "Take the request's cost, or 1 per request."}},
+            "required": ["type", *(param.name for param in params if param.required)],
+            "additionalProperties": False}
+
+
+def _openapi_30(schema: dict) -> dict:
+    """A Param's JSON-schema fragment as OpenAPI 3.0 spells it (a boolean exclusiveMinimum)."""
+    out = {k: list(v) if isinstance(v, tuple) else v for k, v in schema.items()}
+    if "exclusiveMinimum" in out:
+        out["minimum"], out["exclusiveMinimum"] = out["exclusiveMinimum"], True
+    return out
+
+
+# Strictness shared by every resource -------------------------------------------------------
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses unknown fields; on PUT (`instance` given, not partial) needs every writable
+    field; handles `version`, the optimistic lock, when the model has one."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, Mapping):
+            known = [name for name, field in self.fields.items()]
+            for name in data:
+                if name not in self.fields:
+                    raise serializers.ValidationError({name: f"unknown field (known: {', '.join(known)})"})
+            self._check_version(data)
+            if self.instance is not None and not self.partial:
+                for name, field in self.fields.items():
+                    if not field.read_only and name not in data:
+                        raise serializers.ValidationError(
+                            {name: "this field is required: PUT replaces the whole resource (PATCH changes "
+                                   "only the fields it sends)"})
+        return super().to_internal_value(data)
+
+    def _check_version(self, data: Mapping) -> None:
+        if "version" not in self.fields:
+            return
+        if self.instance is None:
+            if "version" in data:
+                raise serializers.ValidationError({"version": "read-only: the server sets it; leave it out "
+                                                              "when creating"})
+            return
+        if "version" not in data:
+            raise serializers.ValidationError({"version": "this field is required: send the version you read"})
+        sent = data["version"]
+        if isinstance(sent, bool) or not isinstance(sent, int):
+            raise serializers.ValidationError({"version": "must be a whole number: the version you read"})
+        if sent != self.instance.version:
+            raise conflict(f"{self.instance._meta.verbose_name} {self.instance} changed since you read it: it is at "
+                           f"version {self.instance.version}, you sent {sent}. Read it again and reapply your "
+                           f"change.", "version")
+
+
+def version_field():
+    return serializers.IntegerField(min_value=1, required=False, help_text=VERSION_HELP)
+
+
+# Tiers and tenants ------------------------------------------------------------------------
+
+
+class TierSerializer(StrictSerializer):
+    """A plan: its rules by level."""
+
+    name = serializers.CharField(max_length=Tier._meta.get_field("name").max_length, help_text="e.g. free, pro")
+    rules = RuleMapField(help_text="Rule specs by level name, as in the policy file. At least one rule. "
+                                   "PATCH replaces the levels it names (null or [] removes a level's rules).")
+    version = version_field()
+
+    def validate(self, attrs):
+        tier = self.instance or Tier()
+        tier.name = attrs.get("name", tier.name)
+        full_clean(tier)
+        rules = merged_rules(self.instance.rules if self.instance else None, attrs.get("rules"), self.partial)
+        if not rules:
+            raise serializers.ValidationError({"rules": "a tier needs at least one rule"})
+        check_rules(rules, "rules")
+        return {"tier": tier, "rules": rules}
+
+    def create(self, validated):
+        return self._save(validated)
+
+    def update(self, instance, validated):
+        return self._save(validated)
+
+    @staticmethod
+    def _save(validated) -> Tier:
+        tier = validated["tier"]
+        tier.save()  # an update whose version moved since the check raises StaleVersion
+        write_rules(tier, validated["rules"])
+        return tier
+
+
+class TenantSerializer(StrictSerializer):
+    """A team key with its tier and optional per-level overrides."""
+
+    key = serializers.CharField(max_length=Tenant._meta.get_field("key").max_length,
+                                help_text="The team key requests carry.")
+    tier = serializers.SlugRelatedField(slug_field="name", queryset=Tier.objects.all(),
+                                        error_messages={"does_not_exist": "unknown tier {value!r}"})
+    overrides = RuleMapField(source="rules", required=False,
+                             help_text="Rule specs by level name; each replaces the tier's rules at its level "
+                                       "until overrides_until. PATCH replaces the levels it names.")
+    overrides_until = serializers.DateTimeField(required=False, allow_null=True, default_timezone=dt.timezone.utc,
+                                                help_text="Overrides stop applying then; null: never. A time "
+                                                          "without a zone is UTC.")
+    version = version_field()
+
+    def validate(self, attrs):
+        tenant = self.instance or Tenant()
+        for field in ("key", "tier", "overrides_until"):
+            if field in attrs:
+                setattr(tenant, field, attrs[field])
+        full_clean(tenant)
+        rules = merged_rules(self.instance.rules if self.instance else None, attrs.get("rules"), self.partial)
+        check_rules(rules, "overrides")
+        return {"tenant": tenant, "rules": rules}
+
+    def create(self, validated):
+        return self._save(validated)
+
+    def update(self, instance, validated):
+        return self._save(validated)
+
+    @staticmethod
+    def _save(validated) -> Tenant:
+        tenant = validated["tenant"]
+        tenant.save()
+        write_rules(tenant, validated["rules"])
+        return tenant
+
+
+# Levels, priority classes, settings ------------------------------------------------------------
+
+
+class LevelSerializer(StrictSerializer):
+    """A named scope, in evaluation order, with what it does while the store is down."""
+
+    name = serializers.CharField(max_length=Level._meta.get_field("name").max_length)
+    position = serializers.IntegerField(min_value=0, required=False,
+                                        help_text="Evaluation order, lower first. Default: after the last level.")
+    fail_mode = serializers.ChoiceField(choices=Level._meta.get_field("fail_mode").choices, required=False,
+                                        help_text=Level._meta.get_field("fail_mode").help_text)
+    fallback_fraction = serializers.FloatField(required=False,
+                                               help_text=Level._meta.get_field("fallback_fraction").help_text)
+    version = version_field()
+
+    def validate(self, attrs):
+        level = self.instance or Level()
+        if self.instance is None and "position" not in attrs:
+            last = Level.objects.order_by("-position").values_list("position", flat=True).first()
+            attrs["position"] = 0 if last is None else last + 1
+        for field in ("name", "position", "fail_mode", "fallback_fraction"):
+            if field in attrs:
+                setattr(level, field, attrs[field])
+        full_clean(level)
+        return {"level": level}
+
+    def create(self, validated):
+        validated["level"].save()
+        return validated["level"]
+
+    def update(self, instance, validated):
+        return self.create(validated)
+
+
+class LevelNamesField(serializers.ListField):
+    """Level names, as a list; read from and written to the priority class's levels."""
+
+    child = serializers.CharField()
+
+    def to_representation(self, levels):
+        return [level.name for level in sorted(levels.all(), key=lambda level: (level.position, level.name))]
+
+    def to_internal_value(self, data):
+        names = super().to_internal_value(data)
+        levels = {level.name: level for level in Level.objects.all()}
+        for i, name in enumerate(names):
+            if name not in levels:
+                raise serializers.ValidationError({str(i): f"unknown level {name!r} (known: "
+                                                           f"{', '.join(levels) or 'none'})"})
+        return [levels[name] for name in dict.fromkeys(names)]
+
+
+class PrioritySerializer(StrictSerializer):
+    """A request class that must leave `watermark` x capacity untouched at its levels."""
+
+    name = serializers.CharField(max_length=PriorityClass._meta.get_field("name").max_length)
+    watermark = serializers.FloatField(required=False, help_text=PriorityClass._meta.get_field("watermark").help_text)
+    levels = LevelNamesField(required=False, help_text="Levels it applies at; empty: the global level.")
+    version = version_field()
+
+    def validate(self, attrs):
+        priority = self.instance or PriorityClass()
+        for field in ("name", "watermark"):
+            if field in attrs:
+                setattr(priority, field, attrs[field])
+        full_clean(priority)
+        return {"priority": priority, "levels": attrs.get("levels")}
+
+    def create(self, validated):
+        priority = validated["priority"]
+        priority.save()  # a new version even when only its levels change
+        if validated["levels"] is not None:
+            priority.levels.set(validated["levels"])
+        return priority
+
+    def update(self, instance, validated):
+        return self.create(validated)
+
+
+class SettingsSerializer(StrictSerializer):
+    """The store-wide settings."""
+
+    default_tier = serializers.SlugRelatedField(slug_field="name", queryset=Tier.objects.all(), allow_null=True,
+                                                error_messages={"does_not_exist": "unknown tier {value!r}"},
+                                                help_text="The tier of team keys that name no tenant; null: none.")
+
+    def validate(self, attrs):
+        settings = self.instance
+        if "default_tier" in attrs:
+            settings.default_tier = attrs["default_tier"]
+        full_clean(settings)
+        return {"settings": settings}
+
+    def update(self, instance, validated):
+        validated["settings"].save()
+        return validated["settings"]

@@ -1,0 +1,109 @@
+"""The API's shapes as DRF serializers, for the OpenAPI schema (drf-spectacular).
+
+The decision endpoints read their bodies with `requests.py` (fast, strict); these classes
+describe the same fields for the schema, and tests check the two agree.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiResponse
+from rest_framework import serializers
+
+
+class ErrorDetail(serializers.Serializer):
+    code = serializers.CharField(help_text="What went wrong, e.g. invalid, not_found, conflict.")
+    message = serializers.CharField()
+    fields = serializers.DictField(child=serializers.CharField(),
+                                   help_text="Dotted field paths, e.g. requests.3.cost, with what is wrong there.")
+
+
+class Error(serializers.Serializer):
+    error = ErrorDetail()
+
+
+ERRORS = {
+    400: OpenApiResponse(Error, description="The request names a bad field."),
+    401: OpenApiResponse(Error, description="No credentials, or a bad or revoked token."),
+    403: OpenApiResponse(Error, description="The credentials lack the scope."),
+}
+NOT_FOUND = {404: OpenApiResponse(Error, description="No such resource.")}
+CONFLICT = {409: OpenApiResponse(Error, description="Changed by someone else, or already settled.")}
+UNAVAILABLE = {503: OpenApiResponse(Error, description="The store or the database is unreachable.")}
+
+
+class Keys(serializers.DictField):
+    child = serializers.CharField(min_length=1, max_length=256)
+
+
+class DecisionRequest(serializers.Serializer):
+    keys = Keys(help_text='The key at each level, e.g. {"user": "u1", "team": "acme", "global": "*"}. '
+                          "Only configured levels; at least one.")
+    cost = serializers.FloatField(default=1, min_value=0, max_value=1e15,
+                                  help_text="What the request spends, e.g. LLM tokens; greater than 0.")
+    priority = serializers.CharField(required=False, allow_null=True,
+                                     help_text="A configured priority class; null for none.")
+    dry_run = serializers.BooleanField(default=False, help_text="Explain, consuming nothing.")
+
+
+class DecisionFields(serializers.Serializer):
+    allowed = serializers.BooleanField()
+    retry_after = serializers.FloatField(allow_null=True,
+                                         help_text="Seconds to wait; 0 when allowed; null when it can never fit.")
+    blocked_by = serializers.CharField(allow_null=True, help_text='"level: rule", e.g. "team: token_bucket(100, 10/s)".')
+    reason = serializers.CharField(help_text="OK, the rule's label, RATE_LIMITED, COST_EXCEEDS_LIMIT or STORE_UNAVAILABLE.")
+    remaining = serializers.FloatField(allow_null=True, help_text="The tightest rule's room after this decision.")
+    degraded = serializers.BooleanField(help_text="Decided by a fail mode: the store was unreachable.")
+    shadow_blocked = serializers.ListField(child=serializers.CharField(),
+                                           help_text="Shadow rules that would have denied.")
+
+
+class RuleFinding(serializers.Serializer):
+    level = serializers.CharField()
+    key = serializers.CharField()
+    rule = serializers.CharField()
+    name = serializers.CharField()
+    label = serializers.CharField(allow_null=True)
+    shadow = serializers.BooleanField()
+    wait = serializers.FloatField(allow_null=True)
+    remaining = serializers.FloatField(allow_null=True)
+
+
+class Decision(DecisionFields):
+    dry_run = serializers.BooleanField(required=False)
+    rules = RuleFinding(many=True, required=False, help_text="Dry runs only: every rule's wait and room.")
+
+
+class BatchRequest(serializers.Serializer):
+    requests = DecisionRequest(many=True, help_text="1 to 1,000 requests, decided in order.")
+
+
+class BatchAnswer(serializers.Serializer):
+    decisions = DecisionFields(many=True)
+
+
+class ReservationRequest(serializers.Serializer):
+    keys = Keys()
+    cost = serializers.FloatField(default=1, min_value=0, max_value=1e15, help_text="The estimated cost.")
+    priority = serializers.CharField(required=False, allow_null=True)
+    hold = serializers.FloatField(required=False, allow_null=True, min_value=0, max_value=86400,
+                                  help_text="Seconds until an unsettled reservation expires (default 60; "
+                                            "at most the shortest concurrency lease).")
+
+
+class Reservation(DecisionFields):
+    id = serializers.CharField(allow_null=True, help_text="null when nothing was reserved.")
+    expires_at = serializers.DateTimeField(allow_null=True)
+    cost = serializers.FloatField()
+    hold = serializers.FloatField(required=False)
+
+
+class CommitRequest(serializers.Serializer):
+    actual_cost = serializers.FloatField(min_value=0, max_value=1e15)
+
+
+class Settlement(serializers.Serializer):
+    id = serializers.CharField()
+    status = serializers.ChoiceField(["committed", "cancelled"])
+    refunded = serializers.FloatField()
+    charged = serializers.FloatField()
+    released = serializers.IntegerField()

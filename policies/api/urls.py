@@ -1,0 +1,24 @@
+"""/api/v1/...: the gateways' endpoints and the operators' read-outs and policy CRUD."""
+from django.urls import path
+
+from . import crud, decisions, inspection
+
+urlpatterns = [
+    path("decisions", decisions.DecisionView.as_view(), name="api-decisions"),
+    path("decisions/batch", decisions.BatchView.as_view(), name="api-decisions-batch"),
+    path("reservations", decisions.ReservationView.as_view(), name="api-reservations"),
+    path("reservations/<str:reservation_id>/commit", decisions.CommitView.as_view(), name="api-reservation-commit"),
+    path("reservations/<str:reservation_id>/cancel", decisions.CancelView.as_view(), name="api-reservation-cancel"),
+    path("buckets", inspection.BucketsView.as_view(), name="api-buckets"),
+    path("stats/blocked", inspection.BlockedStatsView.as_view(), name="api-stats-blocked"),
+    path("tiers", crud.TierList.as_view(), name="api-tiers"),
+    path("tiers/<str:name>", crud.TierItem.as_view(), name="api-tier"),
+    # Team keys are the gateway's strings, so a tenant's may hold a slash.
+    path("tenants", crud.TenantList.as_view(), name="api-tenants"),
+    path("tenants/<path:key>", crud.TenantItem.as_view(), name="api-tenant"),
+    path("levels", crud.LevelList.as_view(), name="api-levels"),
+    path("levels/<str:name>", crud.LevelItem.as_view(), name="api-level"),
+    path("priorities", crud.PriorityList.as_view(), name="api-priorities"),
+    path("priorities/<str:name>", crud.PriorityItem.as_view(), name="api-priority"),
+    path("settings", crud.SettingsView.as_view(), name="api-settings"),
+]
