@@ -1,6 +1,15 @@
-"""The app's URLs plus `bench/bare`: a DRF view that answers a constant, the floor that
-bench/http.py measures the decision endpoint against (served only under bench.settings)."""
+"""The app's URLs plus two bench-only views, served only under bench.settings:
+
+- `bench/bare`: a DRF APIView that answers a constant, the floor that bench/http.py measures
+  the decision endpoint against;
+- `bench/plain`: a plain Django view that answers the same bytes, no DRF: bench/http.py's
+  profile uses it to tell DRF's own cost per request from Django's.
+"""
+import json
+
+from django.http import HttpResponse
 from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -10,6 +19,7 @@ from limiter_admin.urls import handler404, handler500, urlpatterns as app_urlpat
 # An allowed decision's body, as /api/v1/decisions answers it.
 ANSWER = {"allowed": True, "retry_after": 0.0, "blocked_by": None, "reason": "OK",
           "remaining": 99.0, "degraded": False, "shadow_blocked": []}
+ANSWER_BYTES = json.dumps(ANSWER, separators=(",", ":")).encode()
 
 
 class BareView(APIView):
@@ -23,5 +33,12 @@ class BareView(APIView):
         return Response(ANSWER)
 
 
+@csrf_exempt
+def plain(request):
+    """The same answer without DRF (APIView's as_view is csrf_exempt too)."""
+    return HttpResponse(ANSWER_BYTES, content_type="application/json")
+
+
 # Last, so that resolving the app's own paths tries exactly the patterns it does in the app.
-urlpatterns = [*app_urlpatterns, path("bench/bare", BareView.as_view(), name="bench-bare")]
+urlpatterns = [*app_urlpatterns, path("bench/bare", BareView.as_view(), name="bench-bare"),
+               path("bench/plain", plain, name="bench-plain")]

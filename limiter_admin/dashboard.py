@@ -342,9 +342,10 @@ def dry_run_context(query: DryRunQuery) -> dict:
     except StoreUnavailable as error:
         return {**context, "unavailable": str(error)}
     body = decision_body(decision)
-    return {**context, "decision": body,
+    return {**context, "decision": {**body, "remaining": _round(body["remaining"])},
             "retry_after": _duration(body["retry_after"], never="never: the cost exceeds a limit", zero="now"),
-            "rules": [{**row, "wait_text": _duration(row["wait"], never="never", zero="none")}
+            "rules": [{**row, "remaining": _round(row["remaining"]),
+                       "wait_text": _duration(row["wait"], never="never", zero="none")}
                       for row in explain_rows(rows)]}
 
 
@@ -363,7 +364,8 @@ def health_context(policy, reports: dict) -> dict:
         "levels": [{"name": name, **mode, "meaning": _fail_mode_meaning(mode),
                     "edit_url": _change_url("level", levels.get(name))}
                    for name, mode in policy.fail_modes.items()],
-        "priorities": [{"name": name, "watermark": spec["watermark"],
+        "priorities": [{"name": name, "watermark": f"{spec['watermark']:g}",
+                        "percent": f"{spec['watermark'] * 100:g}",
                         "levels": ", ".join(spec.get("levels", [])) or "global (default)",
                         "edit_url": _change_url("priorityclass", priorities.get(name))}
                        for name, spec in sorted(policy.priorities.items())],
@@ -373,7 +375,7 @@ def health_context(policy, reports: dict) -> dict:
 
 def store_health(store) -> dict:
     """Up, or down and since when (the Redis store's circuit breaker knows)."""
-    kind = {"RedisStore": "Redis", "MemoryStore": "in-process memory"}.get(type(store).__name__,
+    kind = {"RedisStore": "Redis", "MemoryStore": "in-process memory, this process only"}.get(type(store).__name__,
                                                                              type(store).__name__)
     # `ping()` is the stores' health probe; until every store has one, `time()` is the
     # cheapest call that must reach the store (Redis TIME; the in-process clock).
@@ -405,7 +407,7 @@ def _rates(label: str, report: dict | str) -> dict:
         return {"label": label, "unavailable": report}
     seconds = max(report["until"] - report["since"], 1)
     return {"label": label, "decisions": report["decisions"], "denied": report["denied"],
-            "decision_rate": report["decisions"] / seconds, "denial_rate": report["denied"] / seconds,
+            "decision_rate": _figure(report["decisions"] / seconds), "denial_rate": _figure(report["denied"] / seconds),
             "share": _share(report["denied"], report["decisions"])}
 
 
@@ -413,6 +415,11 @@ def _rates(label: str, report: dict | str) -> dict:
 
 def _share(part: int, whole: int) -> float:
     return part / whole * 100 if whole else 0.0
+
+
+def _figure(value: float) -> str:
+    """Three significant figures: 0.05, 0.0167, 123."""
+    return f"{value:.3g}"
 
 
 def _round(value):

@@ -77,6 +77,10 @@ class Store:
     def close(self) -> None:
         """Release connections; the default has nothing to release."""
 
+    def ping(self) -> None:
+        """Raise StoreUnavailable unless the store answers (readiness probes). The default,
+        for a store in this process, has nothing to ask."""
+
     # --- batches ------------------------------------------------------------------------
 
     def decide_many(self, items: Sequence[tuple[Any, float, float | None, str | None]]

@@ -8,6 +8,8 @@ Memory stays bounded: every entry carries the time it goes idle (its bucket is f
 again, its window has passed), and a sweep drops idle entries. Sweeps are paid for by
 writes, one shard at a time in turn, so that the whole store is swept once for about every
 `len(store) / 2` writes: on average a few entries looked at per write, and no long pause.
+Reservation records live in a dict beside the shards; each new reservation drops the records
+(open or settled) whose hold has run out.
 """
 
 from __future__ import annotations

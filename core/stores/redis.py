@@ -315,6 +315,9 @@ class RedisStore(Store):
     def close(self) -> None:
         self.client.close()
 
+    def ping(self) -> None:
+        self._call(self.client.ping)  # within the timeout; at once while the breaker is open
+
     def _read(self, plan: RedisPlan, now: float | None, pipe: Any = None) -> tuple[float, list]:
         """Every check's state, read in one round trip and decoded into the Python rule's
         own shape, so that explain() and inspect() reuse the rules' Python code. With a

@@ -51,13 +51,17 @@ def install_denial_stats(stats) -> None:
 
 @lru_cache(maxsize=1)
 def _default_denial_stats():
+    """On the `default` Redis pool, not the limiter's: a 24 h report reads ~1,500 keys and
+    may take longer than the 50 ms a decision is allowed to wait."""
+    from django.conf import settings
+
     from core.stats import DenialStats
 
-    from policies.stores import limiter_store
+    if settings.REDIS_URL:
+        from django_redis import get_redis_connection
 
-    store = limiter_store()
-    client = getattr(store, "client", None)
-    return DenialStats(client=client, prefix=getattr(store, "prefix", "la"))
+        return DenialStats(client=get_redis_connection("default"), prefix=settings.LIMITER_KEY_PREFIX)
+    return DenialStats()
 
 
 def metrics_text() -> bytes:

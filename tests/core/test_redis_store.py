@@ -386,3 +386,18 @@ def test_store_options_pass_through_the_url(redis_url, redis_server):
     limiter.acquire({"user": "u"})
     assert len(limiter_keys(redis_server.client(), "tenant-a")) == 1
     store.close()
+
+
+# --- readiness ------------------------------------------------------------------------------
+
+
+def test_a_ping_answers_when_redis_does_and_raises_store_unavailable_when_not(
+        redis_url, unreachable_redis_url):
+    from core import MemoryStore, StoreUnavailable
+
+    MemoryStore().ping()  # in this process: nothing to ask
+    RedisStore(url=redis_url).ping()
+    started = time.perf_counter()
+    with pytest.raises(StoreUnavailable):
+        RedisStore(url=unreachable_redis_url).ping()
+    assert time.perf_counter() - started < 1.0

@@ -62,4 +62,4 @@ def text(html):
     """The page's text, to match sentences in: tags removed, entities read, white space
     squeezed (and none before a comma)."""
     words = re.sub(r"\s+", " ", html_lib.unescape(re.sub(r"<[^>]+>", " ", html))).strip()
-    return re.sub(r" ([,.;:)])(?= |$)", r"\1", words)
+    return re.sub(r" ([,.;:?!)])(?= |$)", r"\1", words)

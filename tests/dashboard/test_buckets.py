@@ -17,7 +17,8 @@ def test_every_rule_of_a_user_key_shows_its_tier_and_live_state(api, decide_clie
     html = page(console, level="user", key="u1", team="acme")
     acme, pro = Tenant.objects.get(key="acme"), Tier.objects.get(name="pro")
     route = html[html.index('id="bucket-route"'):]
-    assert text(route[route.index(">") + 1:route.index("</p>")]) == "user: u1 — tier pro, tenant acme refreshed every 3 s"
+    route = text(route[route.index(">") + 1:route.index("</p>")])
+    assert route == "user: u1 — tier pro, tenant acme refreshed every 3 s"
     assert f'href="/admin/policies/tier/{pro.pk}/change/"' in html
     assert f'href="/admin/policies/tenant/{acme.pk}/change/"' in html
     assert rule_row(html, "token_bucket(50, 10/s)") == \
