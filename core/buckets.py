@@ -8,6 +8,21 @@ from .params import Param, _number
 from .rules import EPSILON, MAX_IDLE_SECONDS, Rule, register
 
 
+# A bucket that would hold the cost within TIME_SLACK counts as holding it now. full_at keeps
+# whole microseconds, rounded to the nearest at every take, and times are doubles of epoch
+# seconds (Redis TIME), exact to about 0.25 us: when a burst's takes all round the same way
+# (a cost / rate of 0.6666667 s, say) the roundings add up, and without the slack the last
+# token of a burst at epoch times was denied for a wait of a few microseconds in about a third
+# of bursts (which Retry-After then rounds up to a whole second). 3 us removes it for bursts of
+# up to ~6 rounded-up takes and more when roundings alternate; it admits at most rate x 3 us
+# tokens early, far below what a client can observe (a loopback round trip is ~100 us).
+TIME_SLACK = 3e-6
+
+
+def slack_of(rate: float) -> float:
+    return EPSILON + rate * TIME_SLACK
+
+
 @register("token_bucket")
 class TokenBucket(Rule):
     """Holds up to `capacity` tokens and refills lazily at `per_second`.
@@ -32,6 +47,7 @@ class TokenBucket(Rule):
     def setup(self) -> None:
         self.capacity = float(self.capacity)
         self.rate = float(self.per_second)
+        self.slack = slack_of(self.rate)
 
     def describe(self) -> str:
         return f"token_bucket({_number(self.capacity)}, {_number(self.rate)}/s)"
@@ -46,7 +62,7 @@ class TokenBucket(Rule):
 
     def wait(self, state, now, cost, floor):
         missing = cost + floor - self._tokens(state, now)
-        if missing <= EPSILON:
+        if missing <= self.slack:
             return 0.0
         if cost + floor > self.capacity or not self.rate:
             return math.inf
@@ -60,9 +76,9 @@ class TokenBucket(Rule):
         start = state[0] if state is not None and state[0] > now else now
         tokens = self.capacity - (start - now) * rate  # the same double _tokens() finds
         left = tokens - cost
-        if left - floor < -EPSILON:  # denied: wait()'s arithmetic, written out
+        if left - floor < -self.slack:  # denied: wait()'s arithmetic, written out
             missing = cost + floor - tokens
-            if missing <= EPSILON:
+            if missing <= self.slack:  # the other rounding of the same sum: still a denial
                 return EPSILON
             return math.inf if cost + floor > self.capacity else missing / rate
         # full_at on the microsecond grid: the one number the Redis store keeps, as an
@@ -126,6 +142,7 @@ class GCRA(TokenBucket):
     def setup(self) -> None:
         self.capacity = float(self.burst)
         self.rate = float(self.rate)
+        self.slack = slack_of(self.rate)
 
     def describe(self) -> str:
         return f"gcra({_number(self.rate)}/s, burst {_number(self.burst)})"

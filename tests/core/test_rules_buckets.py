@@ -153,3 +153,15 @@ def test_gcra_admits_exactly_what_the_equivalent_token_bucket_admits(seed):
         cost = steps.choice([1, 1, 2, 3, 4])
         by_bucket, by_cell = bucket.acquire({"k": "x"}, cost), cell.acquire({"k": "x"}, cost)
         assert (by_bucket.allowed, by_bucket.retry_after) == (by_cell.allowed, by_cell.retry_after)
+
+
+@pytest.mark.parametrize("capacity, per_second", [(3, 3), (7, 7 / 3), (13, 0.7), (50, 10)])
+def test_a_full_bucket_admits_its_whole_burst_at_epoch_times(build, clock, capacity, per_second):
+    # Epoch seconds (what Redis TIME gives) are doubles exact to ~0.25 us, and full_at keeps
+    # whole microseconds: the last token of a burst must not be lost to that rounding.
+    limiter = build({"user": [token_bucket(capacity, per_second)]})
+    clock.advance(1_780_272_000.123456)
+    for spell in range(20):
+        clock.advance(capacity / per_second + 0.0137 * spell)  # full again, and then some
+        burst = allowed_in_a_row(limiter, {"user": "u"}, capacity + 1)
+        assert burst == [True] * capacity + [False], spell

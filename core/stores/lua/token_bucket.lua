@@ -2,6 +2,8 @@
 -- State: one integer, the microsecond at which the bucket is full again; or, for a bucket
 -- that never refills (rate 0), the tokens spent so far.
 local bucket = {}
+-- Three microseconds' refill of slack: see TIME_SLACK in core/buckets.py.
+local TIME_SLACK = 3e-6
 
 function bucket.load(key)
   local raw = redis.call('GET', key)
@@ -23,7 +25,7 @@ end
 
 function bucket.wait(state, now, cost, floor, capacity, rate)
   local missing = cost + floor - bucket.tokens(state, now, capacity, rate)
-  if missing <= EPSILON then return 0 end
+  if missing <= EPSILON + rate * TIME_SLACK then return 0 end
   if cost + floor > capacity or rate == 0 then return INFINITY end
   return missing / rate
 end
@@ -38,7 +40,7 @@ function bucket.attempt(state, now, cost, floor, capacity, rate)
   end
   local start = start_of(state, now)
   local left = capacity - (start - now) * rate - cost
-  if left - floor < -EPSILON then
+  if left - floor < -(EPSILON + rate * TIME_SLACK) then
     local wait = bucket.wait(state, now, cost, floor, capacity, rate)
     if wait == 0 then wait = EPSILON end
     return false, wait
