@@ -16,11 +16,15 @@ graceful_timeout = 10
 control_socket_disable = True
 
 
+_made_here = []
+
+
 def on_starting(server):
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if not directory:
         directory = tempfile.mkdtemp(prefix="limiter-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+        _made_here.append(directory)
     # Counters of an earlier run would be added to this one's.
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory, exist_ok=True)
@@ -30,3 +34,8 @@ def child_exit(server, worker):
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server):
+    for directory in _made_here:  # ours alone: an operator's own directory stays
+        shutil.rmtree(directory, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 See README.md ("Environment") for every variable. Nothing here needs editing to deploy.
 """
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -29,6 +30,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "simple_history",
+    # Locks out an account after repeated failed logins (see "Login lockout" below).
+    "axes",
     "policies",
 ]
 
@@ -44,6 +47,14 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Records which operator made each change in the policy history.
     "simple_history.middleware.HistoryRequestMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into its lockout answer.
+    "axes.middleware.AxesMiddleware",
+]
+
+# django-axes' backend first: it refuses a locked-out login before the password is checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "limiter_admin.urls"
@@ -73,7 +84,7 @@ DATABASES = {
 }
 
 
-def _caches(redis_url, limiter_timeout):
+def _caches(redis_url, limiter_timeout, batch_timeout):
     """django-redis when REDIS_URL is set, so workers share a cache; else per-process memory.
 
     The `limiter` alias is the rate limiter's own pool: short timeouts and no retries, so
@@ -101,6 +112,17 @@ def _caches(redis_url, limiter_timeout):
                 "CONNECTION_POOL_KWARGS": {"retry": Retry(NoBackoff(), 0), "health_check_interval": 0},
             },
         },
+        # Batches of decisions: the same fast connect, a longer wait for the pipeline's answers.
+        "limiter_batch": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": redis_url,
+            "OPTIONS": {
+                "CLIENT_CLASS": "django_redis.client.DefaultClient",
+                "SOCKET_CONNECT_TIMEOUT": limiter_timeout,
+                "SOCKET_TIMEOUT": max(limiter_timeout, batch_timeout),
+                "CONNECTION_POOL_KWARGS": {"retry": Retry(NoBackoff(), 0), "health_check_interval": 0},
+            },
+        },
     }
 
 
@@ -109,7 +131,11 @@ REDIS_URL = env_str("REDIS_URL")
 LIMITER_STORE_TIMEOUT = float(env_str("LIMITER_STORE_TIMEOUT") or "0.05")
 # Prefix of every key the limiter writes in Redis.
 LIMITER_KEY_PREFIX = env_str("LIMITER_KEY_PREFIX") or "la"
-CACHES = _caches(REDIS_URL, LIMITER_STORE_TIMEOUT)
+# Seconds a batch of decisions may wait for its answers (a batch is one pipeline).
+LIMITER_BATCH_TIMEOUT = float(env_str("LIMITER_BATCH_TIMEOUT") or "1.0")
+CACHES = _caches(REDIS_URL, LIMITER_STORE_TIMEOUT, LIMITER_BATCH_TIMEOUT)
+# Each alias its own pool, with its own timeouts (django-redis would share one per URL).
+DJANGO_REDIS_CONNECTION_FACTORY = "limiter_admin.redis_pools.PoolPerSettingsFactory"
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -165,13 +191,46 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
 }
 
+# Security (docs/SECURITY.md). Django's defaults already hold here and are stated so that
+# a change is deliberate: pages may not be framed, a response's type is never sniffed, the
+# Referer leaves only for this origin, session cookies are out of JavaScript's reach.
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+# An operator's session lasts a working day, not Django's two weeks: a session key is the
+# one credential the database holds in clear (docs/SECURITY.md, "What is stored").
+SESSION_COOKIE_AGE = 12 * 60 * 60
+# Origins (scheme://host[:port]) allowed to send the console's forms when they differ from
+# the Host the proxy forwards, e.g. `https://limiter.example.com`; empty by default.
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
 # Behind a TLS-terminating proxy only: these would break plain-HTTP serving on loopback.
 HTTPS_ONLY = env_bool("HTTPS_ONLY", False)
 if HTTPS_ONLY:
     SECURE_SSL_REDIRECT = True
+    # Probes and Prometheus scrape the worker directly, over plain HTTP inside the network:
+    # a redirect would fail them. Neither carries a credential nor sets a cookie.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+    # Trusted only because the proxy sets it: it must overwrite what a client sends.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_HSTS_SECONDS = 365 * 24 * 60 * 60
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
+
+# Login lockout (django-axes): 5 failed admin logins for one username from one address lock
+# that pair out for 15 minutes; each failure while locked out starts the 15 minutes again.
+# Username and address together, so that nobody elsewhere can lock an operator out by
+# guessing at their account; the price is that an attacker with many addresses gets 5
+# guesses per address. An operator unlocks at once with `manage.py axes_reset`.
+AXES_FAILURE_LIMIT = 5
+AXES_COOLOFF_TIME = timedelta(minutes=15)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# A good login forgets the failures before it: a typo or two never adds up over weeks.
+AXES_RESET_ON_SUCCESS = True
+# What axes keeps of a failed login's form: the password is always masked, and so are these.
+AXES_SENSITIVE_PARAMETERS = ["username", "ip_address", "csrfmiddlewaretoken"]

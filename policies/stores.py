@@ -19,5 +19,6 @@ def limiter_store() -> Store:
 
         from core.stores.redis import RedisStore
 
-        return RedisStore(client=get_redis_connection("limiter"), prefix=settings.LIMITER_KEY_PREFIX)
+        return RedisStore(client=get_redis_connection("limiter"), prefix=settings.LIMITER_KEY_PREFIX,
+                          batch_client=get_redis_connection("limiter_batch"))
     return MemoryStore()

@@ -37,13 +37,15 @@ def redis_server_binary() -> str:
 
 
 class RedisServer:
-    """One redis-server process on 127.0.0.1:`port`, with no persistence, that a test may
-    kill (SIGKILL), freeze (SIGSTOP) and start again on the same port."""
+    """One redis-server process on 127.0.0.1:`port`, with no persistence unless `options`
+    say otherwise (e.g. `("--appendonly", "yes")`), that a test may kill (SIGKILL), freeze
+    (SIGSTOP), shut down cleanly and start again on the same port and directory."""
 
-    def __init__(self, directory: str, port: int | None = None) -> None:
+    def __init__(self, directory: str, port: int | None = None, options: tuple[str, ...] = ()) -> None:
         self.binary = redis_server_binary()
         self.directory = str(directory)
         self.port = port or free_port()
+        self.options = tuple(options)
         self.process: subprocess.Popen | None = None
 
     @property
@@ -59,7 +61,7 @@ class RedisServer:
         self.process = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self.directory,
-             "--logfile", os.path.join(self.directory, "redis.log")],
+             "--logfile", os.path.join(self.directory, "redis.log"), *self.options],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._wait_for_ping()
         return self
@@ -70,6 +72,15 @@ class RedisServer:
             self.thaw()
             self.process.kill()
             self.process.wait()
+            self.process = None
+
+    def shutdown(self) -> None:
+        """SIGTERM: a clean stop, as `systemctl stop` does; with AOF on, everything written
+        so far is on disk when it exits."""
+        if self.process is not None:
+            self.thaw()
+            self.process.terminate()
+            self.process.wait(STARTUP_TIMEOUT)
             self.process = None
 
     def freeze(self) -> None:

@@ -57,6 +57,10 @@ READ_COMMANDS = {TokenBucket: "GET", GCRA: "GET", FixedWindow: "GET", SlidingWin
                  SlidingWindowLog: "LRANGE", Concurrency: "ZRANGE"}
 NOSCRIPT_TRIES = 3
 DEFAULT_TIMEOUT = 0.05
+# How long a batch may wait for its pipeline's answers. A batch of 1,000 decisions is ~30 ms of
+# Lua, and several batches queue at the one Redis thread: under the single decision's 50 ms,
+# a busy Redis would fail whole batches open. Connecting still gives up after DEFAULT_TIMEOUT.
+BATCH_TIMEOUT = 1.0
 # One connection per thread deciding at once; redis-py's default of 100 would refuse the
 # 101st thread rather than make it wait (and a refusal would count as an outage).
 MAX_CONNECTIONS = 10_000
@@ -132,8 +136,14 @@ class RedisStore(Store):
 
     def __init__(self, client: redis.Redis | None = None, url: str | None = None,
                  prefix: str = "la", timeout: float = DEFAULT_TIMEOUT,
-                 breaker: CircuitBreaker | None = None) -> None:
-        self.client = client if client is not None else connect(url or "redis://127.0.0.1:6379/0", timeout)
+                 breaker: CircuitBreaker | None = None,
+                 batch_client: redis.Redis | None = None) -> None:
+        url = url or "redis://127.0.0.1:6379/0"
+        self.client = client if client is not None else connect(url, timeout)
+        # Batches read their answers on a client of their own, with a longer read timeout.
+        if batch_client is None and client is None:
+            batch_client = connect(url, timeout, read_timeout=max(timeout, BATCH_TIMEOUT))
+        self.batch_client = batch_client if batch_client is not None else self.client
         self.prefix = prefix
         self.breaker = breaker or CircuitBreaker()
         self.source = lua_source()
@@ -222,8 +232,8 @@ class RedisStore(Store):
         pending = list(range(len(calls)))
         for attempt in range(NOSCRIPT_TRIES + 1):
             if attempt:
-                self.sha = self.client.script_load(self.source)
-            with self.client.pipeline(transaction=False) as pipe:
+                self.sha = self.batch_client.script_load(self.source)
+            with self.batch_client.pipeline(transaction=False) as pipe:
                 for i in pending:
                     keys, argument = calls[i]
                     pipe.evalsha(self.sha, len(keys), *keys, argument)
@@ -314,6 +324,8 @@ class RedisStore(Store):
 
     def close(self) -> None:
         self.client.close()
+        if self.batch_client is not self.client:
+            self.batch_client.close()
 
     def ping(self) -> None:
         self._call(self.client.ping)  # within the timeout; at once while the breaker is open
@@ -471,10 +483,10 @@ class RedisStore(Store):
         return result
 
 
-def connect(url: str, timeout: float = DEFAULT_TIMEOUT) -> redis.Redis:
+def connect(url: str, timeout: float = DEFAULT_TIMEOUT, read_timeout: float | None = None) -> redis.Redis:
     """A plain redis-py client (with hiredis when installed) that gives up fast: short
     timeouts, no retries. Under Django the client comes from django-redis instead."""
-    return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+    return redis.Redis.from_url(url, socket_timeout=read_timeout or timeout, socket_connect_timeout=timeout,
                                 retry=Retry(NoBackoff(), 0), health_check_interval=0,
                                 max_connections=MAX_CONNECTIONS)
 

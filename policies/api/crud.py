@@ -24,7 +24,7 @@ from policies.models import Level, PolicySettings, PriorityClass, Rule, StaleVer
 from . import policy_serializers as shapes
 from . import schemas
 from .auth import IsOperator
-from .errors import conflict, not_found
+from .errors import conflict, invalid, not_found
 
 TAGS = ["policy"]
 CONFLICT = {409: OpenApiResponse(schemas.Error, description="Changed since you read it (a stale version), "
@@ -34,10 +34,34 @@ ITEM_ERRORS = {**schemas.ERRORS, **schemas.NOT_FOUND}
 
 
 class PolicyPagination(LimitOffsetPagination):
-    """Policies are small: one page holds everything unless `limit` asks for less."""
+    """Policies are small: one page holds everything unless `limit` asks for less. As strict
+    as every other input: a `limit` or `offset` that is not a whole number is a 400, where
+    DRF would quietly use its default (a `limit` above 1,000 still reads as 1,000)."""
 
     default_limit = 1000
     max_limit = 1000
+    LEAST = {"limit": 1, "offset": 0}
+
+    def get_limit(self, request):
+        return min(self._whole_number(request, self.limit_query_param, self.default_limit), self.max_limit)
+
+    def get_offset(self, request):
+        return self._whole_number(request, self.offset_query_param, 0)
+
+    def _whole_number(self, request, name: str, default: int) -> int:
+        raw = request.query_params.get(name)
+        if raw is None:
+            return default
+        least = self.LEAST[name]
+        if not raw.isascii() or not raw.isdigit() or int(raw) < least:
+            raise invalid(name, f"must be a whole number from {least}, got {raw!r}")
+        return int(raw)
+
+    def get_schema_operation_parameters(self, view):
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            parameter["schema"]["minimum"] = self.LEAST[parameter["name"]]
+        return parameters
 
 
 def atomically(save):

@@ -107,6 +107,11 @@ def _wall_now() -> float:
     return time.time()
 
 
+# A settlement names a reservation that may be unknown or expired (404) or settled (409),
+# and reaches the store, which may be down (503).
+SETTLE_ERRORS = {**schemas.ERRORS, **schemas.NOT_FOUND, **schemas.CONFLICT, **schemas.UNAVAILABLE}
+
+
 class SettleView(APIView):
     permission_classes = [CanDecide]
     commit = True
@@ -125,7 +130,7 @@ class SettleView(APIView):
 
 
 class CommitView(SettleView):
-    @extend_schema(request=schemas.CommitRequest, responses={200: schemas.Settlement, **schemas.ERRORS},
+    @extend_schema(request=schemas.CommitRequest, responses={200: schemas.Settlement, **SETTLE_ERRORS},
                    summary="Settle a reservation with its actual cost", tags=["reservations"],
                    description="Refunds the estimate's excess, or charges the shortfall (which may put a "
                                "rule into debt), and releases concurrency slots. 404 when unknown or "
@@ -137,7 +142,7 @@ class CommitView(SettleView):
 class CancelView(SettleView):
     commit = False
 
-    @extend_schema(request=None, responses={200: schemas.Settlement, **schemas.ERRORS},
+    @extend_schema(request=None, responses={200: schemas.Settlement, **SETTLE_ERRORS},
                    summary="Cancel a reservation: refund all of it", tags=["reservations"])
     def post(self, request, reservation_id):
         return super().post(request, reservation_id)

@@ -394,10 +394,20 @@ class PrioritySerializer(StrictSerializer):
         return self.create(validated)
 
 
+class NullableTierName(serializers.SlugRelatedField):
+    """A tier by its name, or null for none. DRF reads an empty string as null in a nullable
+    relation; here it is refused, as the schema says (a name has at least one character)."""
+
+    def run_validation(self, data=serializers.empty):
+        if data == "":
+            raise serializers.ValidationError("must be a tier's name, or null for none")
+        return super().run_validation(data)
+
+
 class SettingsSerializer(StrictSerializer):
     """The store-wide settings."""
 
-    default_tier = serializers.SlugRelatedField(slug_field="name", queryset=Tier.objects.all(), allow_null=True,
+    default_tier = NullableTierName(slug_field="name", queryset=Tier.objects.all(), allow_null=True,
                                                 error_messages={"does_not_exist": "unknown tier {value!r}"},
                                                 help_text="The tier of team keys that name no tenant; null: none.")
 

@@ -275,3 +275,19 @@ def test_one_batch_spans_stores_of_both_kinds_in_order(redis_url, clock):
     move_to(clock, 5)
     decisions = acquire_batch([(on_redis, {"user": "u"}), (in_memory, {"user": "u"})] * 2)
     assert [d.allowed for d in decisions] == [True, True, True, False]
+
+
+def test_a_batch_waits_longer_for_its_answers_than_a_single_decision(redis_url):
+    # A batch of 1,000 is ~30 ms of Lua and may queue behind others: under the single call's
+    # 50 ms read timeout a busy Redis would fail whole batches open.
+    from core.stores.redis import BATCH_TIMEOUT, DEFAULT_TIMEOUT, RedisStore
+
+    store = RedisStore(url=redis_url)
+    try:
+        single = store.client.connection_pool.connection_kwargs
+        batch = store.batch_client.connection_pool.connection_kwargs
+        assert single["socket_timeout"] == DEFAULT_TIMEOUT
+        assert batch["socket_timeout"] == BATCH_TIMEOUT
+        assert batch["socket_connect_timeout"] == DEFAULT_TIMEOUT  # a dead Redis is found as fast
+    finally:
+        store.close()

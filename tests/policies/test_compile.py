@@ -155,3 +155,28 @@ def test_rules_keep_their_position_order(load, policy, worker):
     Rule.objects.filter(tier=pro, type="sliding_window").update(position=5)
     worker_ = worker()
     assert [r.type_name for r in worker_.limiter_for("acme").levels["user"]] == ["token_bucket", "sliding_window"]
+
+
+def test_under_django_each_redis_alias_keeps_its_own_timeouts(settings, redis_url):
+    from django.core.cache import caches
+
+    from core.stores.redis import RedisStore
+    from limiter_admin.settings import _caches
+    from policies.stores import limiter_store
+
+    settings.REDIS_URL = redis_url
+    settings.CACHES = _caches(redis_url, 0.05, 1.0)
+    caches._settings = None
+    limiter_store.cache_clear()
+    try:
+        store = limiter_store()
+        assert isinstance(store, RedisStore)
+        assert store.batch_client is not store.client
+        assert store.batch_client.connection_pool.connection_kwargs["socket_timeout"] == 1.0
+        assert store.client.connection_pool.connection_kwargs["socket_timeout"] == 0.05
+        # The ordinary cache keeps redis-py's patience: django-redis alone would share one pool.
+        from django_redis import get_redis_connection
+
+        assert get_redis_connection("default").connection_pool.connection_kwargs.get("socket_timeout") is None
+    finally:
+        limiter_store.cache_clear()
