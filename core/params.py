@@ -4,6 +4,7 @@ forms and schemas are all derived from that one statement."""
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,8 @@ class Param:
     def _clean_number(self, value: Any, where: str) -> float | int:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"must be a number, not {type(value).__name__}", where)
+        if isinstance(value, int) and abs(value) > sys.float_info.max:
+            value = math.inf if value > 0 else -math.inf  # past a float's range: math.isfinite() would raise
         if not math.isfinite(value):
             raise ConfigError("must be a finite number", where)
         if self.kind == "integer":

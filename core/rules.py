@@ -190,6 +190,9 @@ def build_rule(spec: Any, path: str) -> Rule:
     label = spec.get("label")
     if label is not None and (not isinstance(label, str) or not label.strip()):
         raise ConfigError("must be a non-empty string", f"{path}.label")
+    if label is not None and not label.isascii() and not _is_text(label):
+        # A JSON "\ud800" escape: a denial's reason must be writable as UTF-8.
+        raise ConfigError("must not hold surrogate characters (U+D800 to U+DFFF)", f"{path}.label")
     shadow = spec.get("shadow", False)
     if not isinstance(shadow, bool):
         raise ConfigError("must be true or false", f"{path}.shadow")
@@ -198,3 +201,12 @@ def build_rule(spec: Any, path: str) -> Rule:
     except ConfigError as error:
         field = f"{path}.{error.path}" if error.path else path
         raise ConfigError(f"{error.reason} ({cls.type_name})", field) from None
+
+
+def _is_text(value: str) -> bool:
+    """Whether `value` can be written as UTF-8 (it holds no lone surrogate)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -37,6 +37,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A DatabaseError in a page is a 503 with Retry-After, not a 500 (docs/OPERATIONS.md).
+    "limiter_admin.middleware.DatabaseUnavailableMiddleware",
     # Right after SecurityMiddleware, as whitenoise asks: static files skip the rest.
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -172,7 +174,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["policies.api.auth.IsOperator"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["policies.api.parsers.FastJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "policies.api.errors.handle_exception",
     "UNAUTHENTICATED_USER": None,

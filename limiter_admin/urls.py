@@ -15,6 +15,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
 ]
 
-# Unknown API paths and bugs answer in the API's error shape, not as HTML pages.
+# Unknown API paths, refused bodies (too large) and bugs answer in the API's error shape,
+# not as HTML pages.
+handler400 = "limiter_admin.views.bad_request"
 handler404 = "limiter_admin.views.not_found"
 handler500 = "limiter_admin.views.server_error"

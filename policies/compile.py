@@ -214,20 +214,33 @@ class PolicyCache:
     def refresh(self) -> None:
         """Check the policy version now, whatever the time of the last check."""
         self._check_at = -math.inf
-        self._refresh(self.clock())
+        self._refresh(self.clock(), wait=True)
 
-    def _refresh(self, now: float) -> _Compiled:
-        with self._lock:
-            compiled = self._compiled
-            if compiled is None or now >= self._check_at:
-                self._check_at = now + self.check_every
-                policy = self._read_if_changed()
-                if policy is not None:
-                    compiled = self._compile(policy, {}, now)
-            if now >= compiled.expiry_at:
-                compiled = self._compile(compiled.policy, compiled.limiters, now)
-            self._compiled = compiled
-            return compiled
+    def _refresh(self, now: float, wait: bool = False) -> _Compiled:
+        compiled = self._compiled
+        if compiled is not None and not wait and not self._lock.acquire(blocking=False):
+            # Another thread is asking the database, which may hang (a lock, a partition)
+            # as long as its timeout: decide with the policy at hand rather than queue every
+            # thread of the worker behind that one. Expired overrides still stop on time.
+            return self._compile(compiled.policy, compiled.limiters, now) if now >= compiled.expiry_at else compiled
+        if compiled is None or wait:
+            self._lock.acquire()  # nothing to decide with yet, or asked to check: wait
+        try:
+            return self._refresh_locked(now)
+        finally:
+            self._lock.release()
+
+    def _refresh_locked(self, now: float) -> _Compiled:
+        compiled = self._compiled
+        if compiled is None or now >= self._check_at:
+            self._check_at = now + self.check_every
+            policy = self._read_if_changed()
+            if policy is not None:
+                compiled = self._compile(policy, {}, now)
+        if now >= compiled.expiry_at:
+            compiled = self._compile(compiled.policy, compiled.limiters, now)
+        self._compiled = compiled
+        return compiled
 
     def _read_if_changed(self) -> Policy | None:
         """The policy, if it changed since the last read; None if not, or if the database

@@ -36,10 +36,21 @@ def read_file(path: str | Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(f"cannot read the file: {error.strerror}") from None
+    kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
     try:
-        return json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+        doc = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as error:
-        raise ConfigError(f"not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'}: {error}") from None
+        raise ConfigError(f"not valid {kind}: {error}") from None
+    except RecursionError:
+        raise ConfigError(f"not valid {kind}: nested too deeply") from None
+    try:
+        # A JSON escape such as "\ud800" gives a lone surrogate, which no database can store.
+        json.dumps(doc, ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"not valid {kind}: a string holds a lone surrogate (\\ud800 to \\udfff)") from None
+    except RecursionError:
+        raise ConfigError(f"not valid {kind}: nested too deeply") from None
+    return doc
 
 
 def global_level(levels: tuple[str, ...]) -> str:
@@ -127,7 +138,19 @@ def _check_rules(rules: Any, path: str) -> list[dict]:
         raise ConfigError(f"must be a list of rules, not {type(rules).__name__}", path)
     for i, rule in enumerate(rules):
         build_rule(rule, f"{path}[{i}]")
+        _check_row_fields(rule, f"{path}[{i}]")
     return [dict(rule) for rule in rules]
+
+
+def _check_row_fields(rule: dict, path: str) -> None:
+    """What the engine takes but the Rule row cannot hold (a label longer than its column)."""
+    from .models import Rule
+
+    try:
+        Rule(**_rule_fields(rule)).clean_fields(exclude=["tier", "tenant", "level", "position"])
+    except ValidationError as error:
+        field, messages = next(iter(error.message_dict.items()))
+        raise ConfigError(" ".join(messages), f"{path}.{field}") from None
 
 
 def _check_global(spec: Any, levels: tuple[str, ...]) -> dict[str, list[dict]]:

@@ -24,20 +24,28 @@ def current_version() -> int:
 
 
 def policy_changed(sender=None, using="default", **kwargs) -> None:
-    """Bump the version once the transaction commits: once per transaction, however many
-    rows it changes (a policy load touches hundreds), and never for a rolled-back one."""
+    """Bump the version inside the transaction that changes the policy, at its first change:
+    the bump commits with the change or rolls back with it, once per transaction however
+    many rows it changes (a policy load touches hundreds). A bump after the commit (an
+    on_commit hook) would leave a saved change unpublished, and report it as failed, if the
+    database went away between the commit and the bump: workers reload only when the
+    version moves."""
     connection = transaction.get_connection(using)
-    pending = getattr(connection, "_policies_pending_bump", None)
-    # A rollback drops the pending bump from run_on_commit, so it no longer counts.
-    if pending is not None and any(func is pending for _, func, _ in connection.run_on_commit):
+    if not connection.in_atomic_block:
+        bump_version()  # autocommit: the change is committed already
         return
+    marker = getattr(connection, "_policies_bumped", None)
+    # A rollback, of the transaction or of the savepoint that bumped, drops the marker from
+    # run_on_commit together with the bump itself: the next change bumps again.
+    if marker is not None and any(func is marker for _, func, _ in connection.run_on_commit):
+        return
+    bump_version()
 
-    def bump() -> None:
-        connection._policies_pending_bump = None
-        bump_version()
+    def committed() -> None:
+        connection._policies_bumped = None
 
-    connection._policies_pending_bump = bump
-    transaction.on_commit(bump, using=using)
+    connection._policies_bumped = committed
+    transaction.on_commit(committed, using=using)
 
 
 def connect() -> None:

@@ -77,6 +77,21 @@ def atomically(save):
         raise conflict(f"the change clashes with one made at the same time ({error}); try again") from None
 
 
+def save_and_render(serializer) -> None:
+    """Save, and render the answer (which reads the rows back) in the same transaction: a
+    database lost after the commit could otherwise turn a saved change into a 503, and a
+    retry into a 409. The serializer keeps what it rendered for the response."""
+
+    def save():
+        instance = serializer.save()
+        # As DRF's update() does before it renders: rules read before the save are stale.
+        if getattr(instance, "_prefetched_objects_cache", None):
+            instance._prefetched_objects_cache = {}
+        return serializer.data
+
+    atomically(save)
+
+
 def _names(values, more: int) -> str:
     shown = ", ".join(str(value) for value in values)
     return f"{shown} and {more} more" if more > 0 else shown
@@ -88,7 +103,7 @@ class PolicyList(generics.ListCreateAPIView):
     lookup_field = "name"
 
     def perform_create(self, serializer):
-        atomically(serializer.save)
+        save_and_render(serializer)
 
     def get_success_headers(self, data):
         return {"Location": f"{self.request.path}/{quote(str(data[self.lookup_field]), safe='')}"}
@@ -108,7 +123,7 @@ class PolicyItem(generics.RetrieveUpdateDestroyAPIView):
         return found
 
     def perform_update(self, serializer):
-        atomically(serializer.save)
+        save_and_render(serializer)
 
     def perform_destroy(self, instance):
         self.refuse_if_used(instance)
@@ -259,4 +274,4 @@ class SettingsView(generics.RetrieveUpdateAPIView):
         return PolicySettings.objects.filter(pk=1).select_related("default_tier").first() or PolicySettings()
 
     def perform_update(self, serializer):
-        atomically(serializer.save)
+        save_and_render(serializer)

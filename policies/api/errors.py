@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
@@ -18,6 +20,7 @@ from rest_framework.response import Response
 
 from core import ConfigError, InvalidRequest, StoreUnavailable
 from core.errors import LimiterError
+from policies.compile import PolicyUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +110,9 @@ def handle_exception(exc: Exception, context: dict) -> Response | None:
     if isinstance(exc, StoreUnavailable):
         return Response(error_body("store_unavailable", f"the limiter's store is unreachable: {exc}"),
                         status=503, headers={"Retry-After": "1"})
-    if isinstance(exc, DatabaseError):
+    if isinstance(exc, (DatabaseError, PolicyUnavailable)):
+        # PolicyUnavailable: a worker that started while the database was down has no
+        # policy to decide with yet (a warm one goes on with the last policy it read).
         log.warning("database error in the API: %s", exc)
         return Response(error_body("database_unavailable", "the policy database is unreachable; try again"),
                         status=503, headers={"Retry-After": "1"})
@@ -130,6 +135,16 @@ def server_error(request, *args, **kwargs) -> JsonResponse:
     """handler500 for the API's paths: even a bug answers in the error shape."""
     return JsonResponse(error_body("server_error", "internal error; it has been logged"),
                         status=status.HTTP_500_INTERNAL_SERVER_ERROR)
+
+
+def bad_request(request, exception=None) -> JsonResponse:
+    """handler400 for the API's paths: what Django refuses before any view runs, such as a
+    body larger than DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB), in the error shape."""
+    if isinstance(exception, RequestDataTooBig):
+        message = f"the body is larger than the {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes allowed"
+    else:
+        message = "bad request"
+    return JsonResponse(error_body("malformed_request", message), status=status.HTTP_400_BAD_REQUEST)
 
 
 def page_not_found(request, exception=None) -> JsonResponse:

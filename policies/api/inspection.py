@@ -108,7 +108,8 @@ class BlockedStatsView(APIView):
 
     @extend_schema(parameters=[OpenApiParameter("window", str, description="5m, 1h, 24h or seconds (default 1h)."),
                                OpenApiParameter("top", {"type": "integer", "minimum": 1, "maximum": MAX_TOP},
-                                                description=f"Most throttled keys per level (1-{MAX_TOP}, default 10).")],
+                                                description=f"Most throttled keys per level (1-{MAX_TOP}, "
+                                                            f"default 10).")],
                    responses={200: OpenApiTypes.OBJECT, **schemas.ERRORS, **schemas.UNAVAILABLE}, tags=["observe"],
                    summary="Denials by blocked_by, and the most throttled keys per level")
     def get(self, request):

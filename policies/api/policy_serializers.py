@@ -16,7 +16,9 @@ send every field (a forgotten field is an error, never a silent reset).
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
+import sys
 from typing import Any, Mapping
 
 from django.core.exceptions import NON_FIELD_ERRORS
@@ -199,6 +201,37 @@ def _openapi_30(schema: dict) -> dict:
 # Strictness shared by every resource -------------------------------------------------------
 
 
+class StrictCharField(serializers.CharField):
+    """A string, and only a string: DRF's CharField would take the number 5 for "5", and
+    types are strict here (docs/API.md)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON whole number only: DRF's IntegerField would take "3" and 3.0."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictFloatField(serializers.FloatField):
+    """A finite JSON number only: DRF's FloatField would take "0.5" and true, and fail with
+    a 500 on an integer past a float's range."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            self.fail("invalid")
+        if isinstance(data, int) and abs(data) > sys.float_info.max or not math.isfinite(data):
+            raise serializers.ValidationError("must be a finite number")
+        return super().to_internal_value(data)
+
+
 class StrictSerializer(serializers.Serializer):
     """Refuses unknown fields; on PUT (`instance` given, not partial) needs every writable
     field; handles `version`, the optimistic lock, when the model has one."""
@@ -247,7 +280,7 @@ def version_field():
 class TierSerializer(StrictSerializer):
     """A plan: its rules by level."""
 
-    name = serializers.CharField(max_length=Tier._meta.get_field("name").max_length, help_text="e.g. free, pro")
+    name = StrictCharField(max_length=Tier._meta.get_field("name").max_length, help_text="e.g. free, pro")
     rules = RuleMapField(help_text="Rule specs by level name, as in the policy file. At least one rule. "
                                    "PATCH replaces the levels it names (null or [] removes a level's rules).")
     version = version_field()
@@ -279,7 +312,7 @@ class TierSerializer(StrictSerializer):
 class TenantSerializer(StrictSerializer):
     """A team key with its tier and optional per-level overrides."""
 
-    key = serializers.CharField(max_length=Tenant._meta.get_field("key").max_length,
+    key = StrictCharField(max_length=Tenant._meta.get_field("key").max_length,
                                 help_text="The team key requests carry.")
     tier = serializers.SlugRelatedField(slug_field="name", queryset=Tier.objects.all(),
                                         error_messages={"does_not_exist": "unknown tier {value!r}"})
@@ -321,12 +354,12 @@ class TenantSerializer(StrictSerializer):
 class LevelSerializer(StrictSerializer):
     """A named scope, in evaluation order, with what it does while the store is down."""
 
-    name = serializers.CharField(max_length=Level._meta.get_field("name").max_length)
-    position = serializers.IntegerField(min_value=0, required=False,
+    name = StrictCharField(max_length=Level._meta.get_field("name").max_length)
+    position = StrictIntegerField(min_value=0, required=False,
                                         help_text="Evaluation order, lower first. Default: after the last level.")
     fail_mode = serializers.ChoiceField(choices=Level._meta.get_field("fail_mode").choices, required=False,
                                         help_text=Level._meta.get_field("fail_mode").help_text)
-    fallback_fraction = serializers.FloatField(required=False,
+    fallback_fraction = StrictFloatField(required=False,
                                                help_text=Level._meta.get_field("fallback_fraction").help_text)
     version = version_field()
 
@@ -352,7 +385,7 @@ class LevelSerializer(StrictSerializer):
 class LevelNamesField(serializers.ListField):
     """Level names, as a list; read from and written to the priority class's levels."""
 
-    child = serializers.CharField()
+    child = StrictCharField()
 
     def to_representation(self, levels):
         return [level.name for level in sorted(levels.all(), key=lambda level: (level.position, level.name))]
@@ -370,8 +403,8 @@ class LevelNamesField(serializers.ListField):
 class PrioritySerializer(StrictSerializer):
     """A request class that must leave `watermark` x capacity untouched at its levels."""
 
-    name = serializers.CharField(max_length=PriorityClass._meta.get_field("name").max_length)
-    watermark = serializers.FloatField(required=False, help_text=PriorityClass._meta.get_field("watermark").help_text)
+    name = StrictCharField(max_length=PriorityClass._meta.get_field("name").max_length)
+    watermark = StrictFloatField(required=False, help_text=PriorityClass._meta.get_field("watermark").help_text)
     levels = LevelNamesField(required=False, help_text="Levels it applies at; empty: the global level.")
     version = version_field()
 

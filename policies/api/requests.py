@@ -32,7 +32,8 @@ class DecisionRequest(NamedTuple):
 def _number(value: Any, field: str, allow_zero: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise invalid(field, f"must be a number, not {_kind(value)}")
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero) or value > LARGEST_NUMBER:
+    # The bounds first: math.isfinite() raises OverflowError on an int past a float's range.
+    if value < 0 or value > LARGEST_NUMBER or (value == 0 and not allow_zero) or not math.isfinite(value):
         low = "at least 0" if allow_zero else "greater than 0"
         raise invalid(field, f"must be {low} and at most {LARGEST_NUMBER:.0e}, got {value!r}")
     return value
@@ -68,7 +69,18 @@ def parse_keys(value: Any, levels: tuple[str, ...], path: str = "keys") -> dict[
             raise invalid(f"{path}.{level}", "must be a non-empty string")
         if len(key) > MAX_KEY_LENGTH:
             raise invalid(f"{path}.{level}", f"must be at most {MAX_KEY_LENGTH} characters")
+        if not key.isascii() and not _encodable(key):
+            # JSON's "\ud800" escapes give lone surrogates: no store can write them as UTF-8.
+            raise invalid(f"{path}.{level}", "must not hold surrogate characters (U+D800 to U+DFFF)")
     return value
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_priority(value: Any, priorities, path: str = "priority") -> str | None:

@@ -75,9 +75,13 @@ def test_killing_redis_under_load_degrades_by_fail_mode_and_recovers_within_a_se
     assert len(answers) == RATE * DURATION
     assert len(outage) >= RATE * (RESTART_AT - KILL_AT) * 0.9
 
-    # Before the kill, everything is decided on Redis: the workers share the global 40.
-    assert not any(a.body["degraded"] for a in before)
-    assert sum(a.body["allowed"] for a in before if mode_of(a) == "local") == GLOBAL_CAPACITY
+    # Before the kill, everything is decided on Redis: the workers share the global 40. A
+    # busy host (CI's two cores) may make a call miss the 50 ms timeout now and then: that
+    # answer is its fail mode's too.
+    blips = [a for a in before if a.body["degraded"]]
+    assert len(blips) <= len(before) // 100, [(a.took, a.body) for a in blips]
+    assert sum(a.body["allowed"] for a in before if mode_of(a) == "local" and not a.body["degraded"]) \
+        == GLOBAL_CAPACITY
 
     # During the outage, every answer is a fail mode's.
     assert all(a.body["degraded"] for a in outage)
@@ -86,8 +90,10 @@ def test_killing_redis_under_load_degrades_by_fail_mode_and_recovers_within_a_se
     assert all(not body["allowed"] and body["reason"] == "STORE_UNAVAILABLE"
                and body["blocked_by"].startswith("team") for body in by_mode["closed"])
     # Each worker admits its own 25 % of the 40 and no more: 10 per worker that served one.
-    local_allowed = sum(body["allowed"] for body in by_mode["local"])
+    # (Its in-process bucket never refills: counted over the whole run, blips included.)
+    local_allowed = sum(a.body["allowed"] for a in answers if mode_of(a) == "local" and a.body["degraded"])
     assert local_allowed in {LOCAL_SHARE * n for n in range(1, WORKERS + 1)}, local_allowed
+    assert any(body["allowed"] for body in by_mode["local"])
     assert len(by_mode["local"]) > WORKERS * LOCAL_SHARE
 
     assert p99 <= LONGEST_P99, describe(outage)

@@ -104,7 +104,8 @@ def run(*args):
     call_command(*args, stdout=out)
     return out.getvalue().strip().splitlines()
 
-tokens = [run("createservicetoken", name, "--scope", scope)[-1] for name, scope in (("edge", "decide"), ("ops", "admin"))]
+tokens = [run("createservicetoken", name, "--scope", scope)[-1]
+          for name, scope in (("edge", "decide"), ("ops", "admin"))]
 password = run("ensureoperator")[-1].split("password: ")[1]
 decided = APIClient(HTTP_HOST="127.0.0.1", HTTP_AUTHORIZATION="Bearer " + tokens[0]).post(
     "/api/v1/decisions", {"keys": {"team": "t"}}, format="json")

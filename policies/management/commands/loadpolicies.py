@@ -2,6 +2,7 @@
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from core import ConfigError
 from policies.models import Tier
@@ -24,14 +25,17 @@ class Command(BaseCommand):
 
     def handle(self, *args, file, if_empty, **options):
         path = self._resolve(file)
-        if if_empty and Tier.objects.exists():
-            self.stdout.write("The policy store is not empty; left as it is.")
-            return
         try:
+            if if_empty and Tier.objects.exists():
+                self.stdout.write("The policy store is not empty; left as it is.")
+                return
             checked = load_policy(read_file(path))
         except ConfigError as error:
             where = f"{path}: {error.path}" if error.path else str(path)
             raise CommandError(f"{where}: {error.reason}") from None
+        except DatabaseError as error:
+            # One transaction: a load that fails part way leaves the store as it was.
+            raise CommandError(f"the policy database is unreachable; nothing was loaded: {error}") from None
         self.stdout.write(f"Loaded {path}: {len(checked['levels'])} levels, {len(checked['tiers'])} tiers, "
                           f"{len(checked['tenants'])} tenants, {len(checked['priorities'])} priority classes.")
 

