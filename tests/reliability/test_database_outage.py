@@ -20,6 +20,7 @@ and a policy load, for every n, and the database must be as it was before.
 from __future__ import annotations
 
 import http.cookiejar
+import itertools
 import json
 import os
 import re
@@ -208,16 +209,15 @@ def test_with_the_database_unreachable_decisions_go_on_and_every_write_is_a_503_
         assert service.get("/readyz")[0] == 200
 
 
+_fresh = itertools.count()
+
+
 def _team_capacity(service, key: str) -> int:
     """How many of 12 decisions a fresh team key admits: the team bucket's capacity now."""
-    answers = [service.post("/api/v1/decisions", {"keys": {"team": f"{key}-{_team_capacity.calls}"}})
-               for _ in range(12)]
-    _team_capacity.calls += 1
+    team = f"{key}-{next(_fresh)}"
+    answers = [service.post("/api/v1/decisions", {"keys": {"team": team}}) for _ in range(12)]
     assert all(status == 200 for status, _ in answers), answers
     return sum(body["allowed"] for _, body in answers)
-
-
-_team_capacity.calls = 0
 
 
 @pytest.mark.slow
