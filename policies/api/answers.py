@@ -23,20 +23,18 @@ from core.decision import allowed
 from policies.headers import ratelimit_headers, retry_after_header, rule_quota
 
 
-def _number(value: float) -> float | None:
-    """JSON has no infinity: an unbounded value is null."""
-    if value == math.inf or value != value:
-        return None
-    return round(value, 6)
+def json_number(value: float) -> float | None:
+    """JSON has no infinity or NaN: an unbounded value is null."""
+    return round(value, 6) if math.isfinite(value) else None
 
 
 def decision_body(decision: Decision) -> dict:
     return {
         "allowed": decision.allowed,
-        "retry_after": _number(decision.retry_after),
+        "retry_after": json_number(decision.retry_after),
         "blocked_by": decision.blocked_by,
         "reason": decision.reason,
-        "remaining": _number(decision.remaining),
+        "remaining": json_number(decision.remaining),
         "degraded": decision.degraded,
         "shadow_blocked": list(decision.shadow_blocked),
     }
@@ -45,8 +43,8 @@ def decision_body(decision: Decision) -> dict:
 def explain_rows(rows: list[dict]) -> list[dict]:
     """A dry run's per-rule findings, JSON-safe."""
     return [{"level": row["level"], "key": row["key"], "rule": row["rule"], "name": row["name"],
-             "label": row["label"], "shadow": row["shadow"], "wait": _number(row["wait"]),
-             "remaining": _number(row["remaining"])} for row in rows]
+             "label": row["label"], "shadow": row["shadow"], "wait": json_number(row["wait"]),
+             "remaining": json_number(row["remaining"])} for row in rows]
 
 
 class _HeaderPlan:

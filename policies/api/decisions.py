@@ -7,6 +7,7 @@ not be decided at all.
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -96,15 +97,9 @@ class ReservationView(APIView):
             # The store's clock may not be the wall clock (in-process: monotonic), so the
             # expiry is reported as now plus what is left of the hold.
             left = reservation.expires_at - reservation.taken_at
-            body.update(id=reservation.id, expires_at=_epoch_iso(_wall_now() + left), hold=left)
+            body.update(id=reservation.id, expires_at=_epoch_iso(time.time() + left), hold=left)
         status = 201 if decision.allowed else 200
         return Response(body, status=status, headers=decision_headers(limiter, keys, decision))
-
-
-def _wall_now() -> float:
-    import time
-
-    return time.time()
 
 
 # A settlement names a reservation that may be unknown or expired (404) or settled (409),

@@ -6,7 +6,6 @@ The dashboard shows the same data through the same functions (`bucket_report`,
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
@@ -18,6 +17,7 @@ from rest_framework.views import APIView
 from policies.compile import TENANT_LEVEL, Policy, policy_cache
 
 from . import schemas
+from .answers import json_number
 from .auth import IsOperator
 from .errors import invalid
 from .observe import denial_stats
@@ -31,7 +31,7 @@ MAX_TOP = 100
 def json_safe(value: Any) -> Any:
     """Rule states may hold infinities; JSON has none (null stands for unbounded)."""
     if isinstance(value, float):
-        return None if not math.isfinite(value) else round(value, 6)
+        return json_number(value)
     if isinstance(value, dict):
         return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
