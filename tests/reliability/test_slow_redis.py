@@ -35,7 +35,11 @@ BEYOND_TIMEOUT = 300  # ms each way
 PHASES = [(0.0, "pass"), (2.0, f"delay {WITHIN_TIMEOUT}"), (4.0, f"delay {BEYOND_TIMEOUT}"),
           (6.0, "blackhole"), (8.0, "drop"), (9.5, "pass")]
 END = 11.5
-HEALTHZ_EVERY, LONGEST_HEALTHZ = 0.05, 0.25
+HEALTHZ_EVERY = 0.05
+# A worker held by the silent link would keep /healthz waiting for the whole phase (2 s); a
+# busy host (CI's two cores, the proxy, the load and gunicorn) delays a probe now and then by
+# a few hundred milliseconds, seen up to 313 ms. So: each probe within a second, most quick.
+STALL, QUICK_HEALTHZ = 1.0, 0.25
 POLICY = {"default_tier": "t",
           "levels": [{"name": "user", "fail_mode": "open"}, {"name": "team", "fail_mode": "closed"}],
           "tiers": {"t": {"user": [{"type": "token_bucket", "capacity": 1_000_000, "per_second": 0}],
@@ -117,6 +121,7 @@ def test_a_slow_or_silent_redis_costs_a_decision_at_most_the_timeout_and_never_s
     assert not any(a.body["degraded"] for a in phases["pass"] if a.started > recovered + 1.0)
     # Workers never all stuck: the probe always answered quickly, and so did the decisions.
     assert len(healthz) >= END / HEALTHZ_EVERY / 2
-    assert all(status == 200 and took <= LONGEST_HEALTHZ for _, status, took in healthz), healthz
+    assert all(status == 200 and took <= STALL for _, status, took in healthz), healthz
+    assert percentile([took for *_, took in healthz], 95) <= QUICK_HEALTHZ, healthz
     ends = sorted(a.ended for a in answers)
-    assert max(b - a for a, b in zip(ends, ends[1:])) < LONGEST_HEALTHZ
+    assert max(b - a for a, b in zip(ends, ends[1:])) < STALL
