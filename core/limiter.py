@@ -26,7 +26,7 @@ from .decision import (COST_EXCEEDS_LIMIT, INFINITY, NO_NAMES, OK, RATE_LIMITED,
 from .errors import InvalidRequest, ReservationNotFound, ReservationSettled, StoreUnavailable
 from .params import LARGEST_NUMBER
 from .reservations import (CANCELLED, COMMITTED, LONGEST_HOLD, OPEN, Reservation, Settlement,
-                           clean_actual_cost, clean_hold, clean_reservation_id, new_reservation_id)
+                           clean_actual_cost, clean_hold, clean_reservation_id)
 from .rules import Rule
 from .stores import Check, MemoryStore, Store
 
@@ -197,7 +197,7 @@ class HierarchicalLimiter:
             return denial, None
         lease = f"{_lease_prefix}-{next(_lease_numbers):x}" if plan.leased else None
         levels = {level: keys[level] for level in self._level_names if keys.get(level) is not None}
-        reservation = Reservation(new_reservation_id(), levels, cost, priority, now, now + hold,
+        reservation = Reservation(self.store.new_reservation_id(plan.store_plan), levels, cost, priority, now, now + hold,
                                   lease, hold)
         try:
             outcome = self.store.reserve(plan.store_plan, cost, now, lease, reservation.to_dict())

@@ -150,3 +150,113 @@ def disposable_redis(tmp_path):
     server = RedisServer(tmp_path).start()
     yield server
     server.kill()
+
+
+class RedisClusterServers:
+    """A real Redis Cluster on loopback: `primaries` primaries with one replica each, every
+    node a redis-server of its own (RedisServer, so a test may kill one), slots spread by
+    `redis-cli --cluster create`. Node timeout is short (1 s) so that a failover happens
+    within a test's time."""
+
+    NODE_TIMEOUT_MS = 1000
+
+    def __init__(self, directory, primaries: int = 3) -> None:
+        self.nodes = []
+        for i in range(primaries * 2):
+            node_dir = os.path.join(str(directory), f"node{i}")
+            os.makedirs(node_dir, exist_ok=True)
+            # The cluster bus on a free port of its own (else port + 10,000, maybe taken).
+            self.nodes.append(RedisServer(node_dir, options=(
+                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-port", str(free_port()),
+                "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS), "--appendonly", "no")))
+
+    @property
+    def url(self) -> str:
+        """`redis-cluster://host:port,host:port,...`: every node is a startup node."""
+        return "redis-cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+
+    def start(self) -> "RedisClusterServers":
+        for node in self.nodes:
+            node.start()
+        created = subprocess.run(
+            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{node.port}" for node in self.nodes),
+             "--cluster-replicas", "1", "--cluster-yes"],
+            capture_output=True, text=True, timeout=60)
+        if created.returncode != 0:
+            self.kill()
+            pytest.fail(f"redis-cli --cluster create failed:\n{created.stdout}\n{created.stderr}",
+                        pytrace=False)
+        self.wait_until_ok()
+        return self
+
+    def wait_until_ok(self, timeout: float = 30.0) -> None:
+        """Until every running node says cluster_state:ok and knows a primary for every slot."""
+        deadline = time.monotonic() + timeout
+        while True:
+            states = []
+            for node in self.running():
+                client = node.client(socket_timeout=1.0, socket_connect_timeout=1.0)
+                try:
+                    info = client.execute_command("CLUSTER", "INFO")
+                    states.append(b"cluster_state:ok" in info and b"cluster_slots_ok:16384" in info)
+                except redis.RedisError:
+                    states.append(False)
+                finally:
+                    client.close()
+            if all(states):
+                return
+            if time.monotonic() > deadline:
+                pytest.fail(f"the cluster did not come up within {timeout} s", pytrace=False)
+            time.sleep(0.05)  # waiting for the cluster's gossip, not an edge
+
+    def running(self) -> list:
+        return [node for node in self.nodes if node.process is not None]
+
+    def primaries(self) -> list:
+        """The running nodes that are primaries now (roles change after a failover)."""
+        found = []
+        for node in self.running():
+            client = node.client(socket_timeout=1.0)
+            try:
+                if client.execute_command("ROLE")[0] == b"master":
+                    found.append(node)
+            finally:
+                client.close()
+        return found
+
+    def flushall(self) -> None:
+        for node in self.primaries():
+            client = node.client()
+            try:
+                client.flushall()
+                client.script_flush()
+            finally:
+                client.close()
+
+    def kill(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_servers(tmp_path_factory):
+    """The session's Redis Cluster (3 primaries, 3 replicas), started on first use."""
+    cluster = RedisClusterServers(tmp_path_factory.mktemp("cluster")).start()
+    yield cluster
+    cluster.kill()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster_servers):
+    """The session cluster's URL, every primary emptied of keys and scripts first."""
+    redis_cluster_servers.flushall()
+    return redis_cluster_servers.url
+
+
+@pytest.fixture
+def disposable_redis_cluster(tmp_path):
+    """A cluster of this test's own, which it may break (kill a primary, fail over)."""
+    cluster = RedisClusterServers(tmp_path).start()
+    yield cluster
+    cluster.kill()

@@ -13,7 +13,8 @@ __all__ = ["Check", "MemoryStore", "Outcome", "Store", "store_from_url"]
 
 def store_from_url(url: str, **options) -> Store:
     """`memory://` for this process; `redis://host:port/db` (or `rediss://`, `unix://`)
-    for state shared by every process that uses the same Redis."""
+    for state shared by every process that uses the same Redis; `redis-cluster://host:port
+    [,host:port...]` for a Redis Cluster (see stores/cluster.py for its key layout)."""
     scheme = urlsplit(url).scheme if isinstance(url, str) else ""
     if scheme == "memory":
         return MemoryStore(**options)
@@ -21,5 +22,9 @@ def store_from_url(url: str, **options) -> Store:
         from .redis import RedisStore  # imported here so that memory:// needs no redis-py
 
         return RedisStore(url=url, **options)
-    raise ConfigError(f"unsupported store URL {url!r} (known schemes: memory, redis, rediss, unix)",
+    if scheme == "redis-cluster":
+        from .cluster import ClusterStore
+
+        return ClusterStore(url=url, **options)
+    raise ConfigError(f"unsupported store URL {url!r} (known schemes: memory, redis, rediss, unix, redis-cluster)",
                       "store")

@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any, Callable, NamedTuple, Sequence
 
 from ..errors import StoreUnavailable
+from ..reservations import new_reservation_id
 from ..rules import Rule
 
 
@@ -102,6 +103,11 @@ class Store:
         """Now on the store's clock, for records that must carry a time. The default reads
         `clock`; a store whose clock is elsewhere (Redis `TIME`) asks for it."""
         return self.clock()
+
+    def new_reservation_id(self, plan: Any) -> str:
+        """A fresh reservation id for a reservation on `plan`. A store whose records must
+        live beside the plan's keys (a cluster's shard) may name that place in the id."""
+        return new_reservation_id()
 
     def reserve(self, plan: Any, cost: float, now: float, lease: str | None,
                 record: dict) -> Outcome | Any:

@@ -275,14 +275,14 @@ class RedisStore(Store):
         return blocker, float(wait), float(remaining), tuple(shadows)
 
     def _write_record(self, key: str, fields: dict, ttl: int) -> None:
-        with self.client.pipeline(transaction=True) as pipe:
+        with self.client_for(key).pipeline(transaction=True) as pipe:
             pipe.hset(key, mapping=fields)
             pipe.pexpire(key, ttl)
             pipe.execute()
 
     def reservation(self, reservation_id: str, now: float | None = None) -> dict | None:
         def read() -> list:
-            with self.client.pipeline(transaction=False) as pipe:
+            with self.client_for(self.reservation_key(reservation_id)).pipeline(transaction=False) as pipe:
                 pipe.time()
                 pipe.hgetall(self.reservation_key(reservation_id))
                 return pipe.execute()
@@ -327,6 +327,11 @@ class RedisStore(Store):
         if self.batch_client is not self.client:
             self.batch_client.close()
 
+    def client_for(self, key: str | None = None) -> redis.Redis:
+        """The client that reaches `key`'s server: transactions, WATCH and reads of several
+        keys go there (one server here; the node that holds the key's slot on a cluster)."""
+        return self.client
+
     def ping(self) -> None:
         self._call(self.client.ping)  # within the timeout; at once while the breaker is open
 
@@ -334,7 +339,7 @@ class RedisStore(Store):
         """Every check's state, read in one round trip and decoded into the Python rule's
         own shape, so that explain() and inspect() reuse the rules' Python code. With a
         pipeline that WATCHes, the reads go out one by one (that is how WATCH works)."""
-        reader = pipe if pipe is not None else self.client.pipeline(transaction=True)
+        reader = pipe if pipe is not None else self.client_for(*plan.keys[:1]).pipeline(transaction=True)
         results = [reader.time()]
         for key, check in zip(plan.keys, plan.checks):
             command = READ_COMMANDS.get(type(check.rule), "GET")
@@ -417,7 +422,7 @@ class RedisStore(Store):
         `work`), read every state, let `work` change them, and write back in MULTI/EXEC
         the states it changed (and the record's fields it returns)."""
         deadline = time.monotonic() + OPTIMISTIC_DEADLINE
-        with self.client.pipeline(transaction=True) as pipe:
+        with self.client_for(*plan.keys[:1]).pipeline(transaction=True) as pipe:
             for attempt in itertools.count():
                 if attempt and time.monotonic() > deadline:
                     break

@@ -8,12 +8,13 @@ must give the same decisions. A test marked `memory_only` runs on the in-process
 
 import itertools
 import sys
+from functools import partial
 
 import pytest
 
 from core import RULES, HierarchicalLimiter, ManualClock, MemoryStore
 
-STORE_KINDS = ("memory", "redis")
+STORE_KINDS = ("memory", "redis", "cluster")
 
 _plugin_numbers = itertools.count(1)
 _prefix_numbers = itertools.count(1)
@@ -28,7 +29,8 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture
 def store_kind(request):
-    """Which store the test runs on: "memory" or "redis"."""
+    """Which store the test runs on: "memory", "redis" or "cluster" (a Redis Cluster of
+    three primaries, on one shard: the contract is the same decisions)."""
     return request.param
 
 
@@ -39,15 +41,23 @@ def new_store(request, store_kind):
     if store_kind == "memory":
         yield MemoryStore
         return
+    from core.stores.cluster import ClusterStore
     from core.stores.redis import RedisStore
 
-    url = request.getfixturevalue("redis_url")
     made = []
+    if store_kind == "cluster":
+        url = request.getfixturevalue("redis_cluster_url")
+        # One shard: the contract is per (level, key), and with several shards a user's key
+        # lives under its team's shard (tests/core/test_cluster.py tests that layout).
+        kind = partial(ClusterStore, url=url, shards=1)
+    else:
+        url = request.getfixturevalue("redis_url")
+        kind = partial(RedisStore, url=url)
 
     def make():
         # A timeout well above the 50 ms default: on a busy CI machine a slow reply would
         # make a degraded decision, which is not what these tests judge (test_fail_modes does).
-        made.append(RedisStore(url=url, prefix=f"test{next(_prefix_numbers)}", timeout=1.0))
+        made.append(kind(prefix=f"test{next(_prefix_numbers)}", timeout=1.0))
         return made[-1]
 
     yield make

@@ -1,0 +1,175 @@
+"""The cluster store's own layout, on a real Redis Cluster of three primaries and three
+replicas (tests/conftest.py starts it): every decision on one slot, teams spread over the
+nodes, the global level split into sub-buckets that never admit more than the global limit.
+The contract suite (every test that uses `build`) runs on the cluster too, on one shard."""
+
+import collections
+
+import pytest
+from redis.cluster import key_slot
+
+from core import HierarchicalLimiter, ManualClock, acquire_batch
+from core.errors import ConfigError
+from core.stores import store_from_url
+from core.stores.cluster import ClusterStore
+
+from .helpers import concurrency, token_bucket
+
+# Three levels; the global one is split into 16 sub-buckets of 10 (rate 0: nothing refills).
+CONFIG = {"user": [token_bucket(3, 0)], "team": [token_bucket(5, 0)], "global": [token_bucket(160, 0)]}
+
+
+@pytest.fixture
+def store(redis_cluster_url):
+    store = store_from_url(redis_cluster_url, timeout=1.0)
+    yield store
+    store.close()
+
+
+def limiter_on(store, config=CONFIG, clock=None):
+    return HierarchicalLimiter.from_config(config, store=store, clock=clock or ManualClock())
+
+
+def slot_keys(store, keys):
+    return store.prepare(limiter_on(store)._plan(keys, None).checks).keys
+
+
+def script_calls(cluster) -> int:
+    """Script calls (EVALSHA or FCALL) counted by every primary since the last reset."""
+    calls = 0
+    for node in cluster.primaries():
+        client = node.client()
+        stats = client.info("commandstats")
+        client.close()
+        calls += sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("evalsha", "fcall"))
+    return calls
+
+
+def test_the_url_makes_a_cluster_store_and_a_bad_one_says_what_is_wrong(redis_cluster_url):
+    assert isinstance(store_from_url(redis_cluster_url), ClusterStore)
+    with pytest.raises(ConfigError, match="not host:port"):
+        store_from_url("redis-cluster://127.0.0.1:6379,nowhere")
+    with pytest.raises(ConfigError, match="shards"):
+        ClusterStore(url=redis_cluster_url, shards=0)
+
+
+def test_every_key_of_a_decision_shares_the_slot_of_its_team(store):
+    keys = slot_keys(store, {"user": "u1", "team": "acme", "global": "*"})
+    assert len({key_slot(key.encode()) for key in keys}) == 1
+    # A user's key is under its team's shard, whichever user it is, and names the team.
+    other = slot_keys(store, {"user": "someone-else", "team": "acme", "global": "*"})
+    assert key_slot(other[0].encode()) == key_slot(keys[0].encode())
+    assert other[1:] == keys[1:]
+    assert ":user:u1@acme:" in keys[0]
+
+
+def test_teams_spread_over_every_primary(store, redis_cluster_servers):
+    limiter = limiter_on(store)
+    for team in range(100):
+        assert limiter.acquire({"user": "u", "team": f"team-{team}", "global": "*"}).allowed
+    holding = []
+    for node in redis_cluster_servers.primaries():
+        client = node.client()
+        holding.append(client.dbsize())
+        client.close()
+    assert len(holding) == 3 and all(count > 0 for count in holding), holding
+    # A team key and its user's key per team, and the 16 sub-buckets of the global level.
+    assert sum(holding) == 100 * 2 + store.shards
+
+
+def test_one_decision_is_one_script_call_on_one_node(store, redis_cluster_servers):
+    limiter = limiter_on(store)
+    limiter.acquire({"user": "u", "team": "warm-up", "global": "*"})  # loads the script
+    for node in redis_cluster_servers.primaries():
+        client = node.client()
+        client.config_resetstat()
+        client.close()
+    decisions = [limiter.acquire({"user": f"u{i % 4}", "team": f"t{i % 7}", "global": "*"})
+                 for i in range(40)]
+    assert {d.allowed for d in decisions} == {True, False}
+    assert script_calls(redis_cluster_servers) == 40
+
+
+def test_the_split_global_level_never_admits_more_than_its_limit_and_fills_when_spread(store):
+    limiter = limiter_on(store, {"team": [token_bucket(1000, 0)], "global": [token_bucket(160, 0)]})
+    admitted = collections.Counter()
+    for round_ in range(40):
+        for team in range(100):
+            admitted[team] += limiter.acquire({"team": f"team-{team}", "global": "*"}).allowed
+    # Each of the 16 sub-buckets holds 10; 100 teams all flooding fill every one of them.
+    assert sum(admitted.values()) == 160
+    assert limiter.inspect("global", "*")[0]["state"]["tokens"] == 0
+    assert limiter.inspect("global", "*")[0]["state"]["capacity"] == 160
+
+
+def test_a_skewed_shard_denies_while_others_have_room(store):
+    limiter = limiter_on(store, {"team": [token_bucket(1000, 0)], "global": [token_bucket(160, 0)]})
+    decisions = [limiter.acquire({"team": "one-busy-team", "global": "*"}) for _ in range(20)]
+    # One team is on one shard: it gets that shard's 10, and the other 150 stay unused.
+    assert sum(d.allowed for d in decisions) == 10
+    assert decisions[-1].blocked_by.startswith("global")
+    assert limiter.inspect("global", "*")[0]["state"]["tokens"] == 150
+
+
+def test_decisions_with_only_the_global_level_take_the_shards_in_turn(store):
+    limiter = limiter_on(store, {"global": [token_bucket(160, 0)]})
+    admitted = sum(limiter.acquire({"global": "*"}).allowed for _ in range(200))
+    assert admitted == 160
+
+
+def test_per_team_and_per_user_limits_stay_exact(store):
+    limiter = limiter_on(store)
+    admitted = collections.Counter()
+    for i in range(300):
+        keys = {"user": f"u{i % 6}", "team": f"t{i % 3}", "global": "*"}
+        admitted[keys["team"], keys["user"]] += limiter.acquire(keys).allowed
+    per_team = collections.Counter()
+    for (team, _), count in admitted.items():
+        per_team[team] += count
+        assert count <= 3
+    assert all(per_team[f"t{t}"] == 5 for t in range(3)), per_team
+    # A denial at the team level took nothing from the user: each user's bucket shows only
+    # what was admitted.
+    for (team, user), count in admitted.items():
+        plan = limiter._plan({"user": user, "team": team, "global": "*"}, None)
+        assert store.inspect(plan.store_plan, 0.0)[0]["tokens"] == 3 - count
+
+
+def test_a_batch_on_the_cluster_decides_as_one_after_the_other(store, redis_cluster_url):
+    limiter = limiter_on(store)
+    items = [(limiter, {"user": f"u{i % 5}", "team": f"t{i % 9}", "global": "*"}, 1, None)
+             for i in range(120)]
+    batched = acquire_batch(items)
+    alone = store_from_url(redis_cluster_url, timeout=1.0, prefix="alone")
+    one_by_one = limiter_on(alone)
+    expected = [one_by_one.acquire(keys) for _, keys, _, _ in items]
+    alone.close()
+    assert [(d.allowed, d.blocked_by) for d in batched] == [(d.allowed, d.blocked_by) for d in expected]
+    assert {d.allowed for d in batched} == {True, False}
+
+
+def test_a_reservation_lives_on_its_shard_and_settles(store):
+    limiter = limiter_on(store, {"team": [token_bucket(10, 0), concurrency(2)], "global": [token_bucket(160, 0)]})
+    decision, reservation = limiter.reserve({"team": "acme", "global": "*"}, cost=4)
+    assert decision.allowed
+    shard = int(reservation.id.rsplit(".", 1)[1])
+    assert shard == store.shard_of("acme")
+    assert store.reservation(reservation.id, now=0.0)["status"] == "open"
+    settlement = limiter.settle(reservation.id, actual_cost=1)
+    assert settlement.refunded == 3 and settlement.released == 1
+    assert limiter.inspect("team", "acme")[0]["state"]["tokens"] == 9
+    # A global-only reservation picks a shard in turn, and its id says which.
+    _, global_only = limiter.reserve({"global": "*"}, cost=2)
+    assert limiter.settle(global_only.id).refunded == 2
+    assert limiter.inspect("global", "*")[0]["state"]["tokens"] == 159
+    assert store.reservation("no-dot-here", now=0.0) is None
+    assert store.reservation("abc.99", now=0.0) is None
+
+
+def test_a_reset_of_a_split_level_empties_every_sub_bucket(store):
+    limiter = limiter_on(store, {"global": [token_bucket(160, 0)]})
+    for _ in range(50):
+        limiter.acquire({"global": "*"})
+    assert limiter.inspect("global", "*")[0]["state"]["tokens"] == 110
+    limiter.reset("global", "*")
+    assert limiter.inspect("global", "*")[0]["state"]["tokens"] == 160
