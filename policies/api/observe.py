@@ -57,11 +57,9 @@ def _default_denial_stats():
 
     from core.stats import DenialStats
 
-    if settings.REDIS_URL:
-        from django_redis import get_redis_connection
+    from ..stores import statistics_client
 
-        return DenialStats(client=get_redis_connection("default"), prefix=settings.LIMITER_KEY_PREFIX)
-    return DenialStats()
+    return DenialStats(client=statistics_client(), prefix=settings.LIMITER_KEY_PREFIX)
 
 
 def metrics_text() -> bytes:
