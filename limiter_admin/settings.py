@@ -93,7 +93,9 @@ def _caches(redis_url, limiter_timeout, batch_timeout):
     that a dead Redis costs a decision at most `limiter_timeout` before its fail mode
     applies. The `default` alias keeps redis-py's ordinary patience for everything else.
     """
-    if not redis_url:
+    if not redis_url or redis_url.startswith("redis-cluster://"):
+        # django-redis has no cluster client: on a cluster the limiter and the denial
+        # statistics make their own (policies/stores.py), and Django's cache stays local.
         return {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     from redis.backoff import NoBackoff
     from redis.retry import Retry
@@ -128,7 +130,13 @@ def _caches(redis_url, limiter_timeout, batch_timeout):
     }
 
 
+# redis://host:port/db for one Redis; redis-cluster://host:port[,host:port...] for a cluster.
 REDIS_URL = env_str("REDIS_URL")
+# On a cluster: sub-buckets of each global-level key (docs/SCALING.md), the level whose key
+# picks a decision's shard, and the levels split into sub-buckets.
+LIMITER_CLUSTER_SHARDS = int(env_str("LIMITER_CLUSTER_SHARDS") or "16")
+LIMITER_CLUSTER_SHARD_BY = env_str("LIMITER_CLUSTER_SHARD_BY") or "team"
+LIMITER_CLUSTER_SPLIT = tuple(filter(None, (env_str("LIMITER_CLUSTER_SPLIT") or "global").split(",")))
 # Seconds a decision may wait on Redis before the level's fail mode decides instead.
 LIMITER_STORE_TIMEOUT = float(env_str("LIMITER_STORE_TIMEOUT") or "0.05")
 # Prefix of every key the limiter writes in Redis.

@@ -169,7 +169,12 @@ class RedisClusterServers:
             self.nodes.append(RedisServer(node_dir, options=(
                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                 "--cluster-port", str(free_port()),
-                "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS), "--appendonly", "no")))
+                "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS), "--appendonly", "no",
+                # A replica syncs at once (not 5 s later): one never synced cannot fail over.
+                "--repl-diskless-sync-delay", "0",
+                # The other primaries' slots keep serving while one primary's are down (the
+                # default refuses every key until a replica has taken over: CLUSTERDOWN).
+                "--cluster-require-full-coverage", "no")))
 
     @property
     def url(self) -> str:
@@ -191,7 +196,8 @@ class RedisClusterServers:
         return self
 
     def wait_until_ok(self, timeout: float = 30.0) -> None:
-        """Until every running node says cluster_state:ok and knows a primary for every slot."""
+        """Until every running node says cluster_state:ok and knows a primary for every slot,
+        and every replica is in sync with its primary (so that it could take over)."""
         deadline = time.monotonic() + timeout
         while True:
             states = []
@@ -199,7 +205,10 @@ class RedisClusterServers:
                 client = node.client(socket_timeout=1.0, socket_connect_timeout=1.0)
                 try:
                     info = client.execute_command("CLUSTER", "INFO")
-                    states.append(b"cluster_state:ok" in info and b"cluster_slots_ok:16384" in info)
+                    replication = client.info("replication")
+                    states.append(b"cluster_state:ok" in info and b"cluster_slots_ok:16384" in info
+                                  and (replication["role"] == "master"
+                                       or replication.get("master_link_status") == "up"))
                 except redis.RedisError:
                     states.append(False)
                 finally:

@@ -40,7 +40,7 @@ from redis.retry import Retry
 
 from ..errors import ConfigError, StoreUnavailable
 from .base import Check, Outcome
-from .redis import (DEFAULT_TIMEOUT, MAX_CONNECTIONS, NOSCRIPT_TRIES, CircuitBreaker, RedisPlan,
+from .redis import (BATCH_TIMEOUT, DEFAULT_TIMEOUT, MAX_CONNECTIONS, NOSCRIPT_TRIES, CircuitBreaker, RedisPlan,
                     RedisStore, _base36)
 
 DEFAULT_SHARDS = 16
@@ -61,13 +61,18 @@ class ClusterStore(RedisStore):
     def __init__(self, url: str | None = None, client: RedisCluster | None = None,
                  prefix: str = "la", timeout: float = DEFAULT_TIMEOUT, shards: int = DEFAULT_SHARDS,
                  shard_by: str = "team", split: Sequence[str] = ("global",),
-                 breaker: CircuitBreaker | None = None) -> None:
+                 breaker: CircuitBreaker | None = None, batch_timeout: float = BATCH_TIMEOUT) -> None:
         if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= 16384:
             raise ConfigError("must be a whole number from 1 to 16384", "shards")
-        client = client if client is not None else connect_cluster(url or "", timeout)
+        if client is None:
+            client = connect_cluster(url or "", timeout)
+            # Batches read their answers on connections of their own, with a longer wait.
+            batch_client = connect_cluster(url or "", timeout, max(timeout, batch_timeout))
+        else:
+            batch_client = client
         self._current = threading.local()  # the breaker of the shard this thread calls
         super().__init__(client=client, prefix=prefix, timeout=timeout, breaker=breaker,
-                         batch_client=client)
+                         batch_client=batch_client)
         self.shards, self.shard_by, self.split = shards, shard_by, frozenset(split)
         self.breakers = [CircuitBreaker() for _ in range(shards)]
 
@@ -163,7 +168,7 @@ class ClusterStore(RedisStore):
         for attempt in range(NOSCRIPT_TRIES + 1):
             again, moved = [], []
             for node, entries in self._by_node(calls, pending, answers).items():
-                connection = self.client.get_redis_connection(node)
+                connection = self.batch_client.get_redis_connection(node)
                 try:
                     if attempt:
                         connection.script_load(self.source)
@@ -197,7 +202,7 @@ class ClusterStore(RedisStore):
         nodes: dict = {}
         for i in pending:
             try:
-                node = self.client.get_node_from_key(calls[i][0][0])
+                node = self.batch_client.get_node_from_key(calls[i][0][0])
             except RedisError as error:  # a slot no node covers now
                 answers[i] = error
                 continue
@@ -258,8 +263,10 @@ def _shard_of_id(reservation_id: str, shards: int) -> int | None:
     return int(shard)
 
 
-def connect_cluster(url: str, timeout: float = DEFAULT_TIMEOUT) -> RedisCluster:
-    """A cluster client from `redis-cluster://host:port[,host:port...]` that gives up fast."""
+def connect_cluster(url: str, timeout: float = DEFAULT_TIMEOUT,
+                    read_timeout: float | None = None) -> RedisCluster:
+    """A cluster client from `redis-cluster://host:port[,host:port...]` that gives up fast:
+    `timeout` to connect, `read_timeout` (default: `timeout`) for an answer."""
     parts = urlsplit(url)
     if parts.scheme != "redis-cluster" or not parts.netloc:
         raise ConfigError(f"expected redis-cluster://host:port[,host:port...], not {url!r}", "store")
@@ -269,6 +276,7 @@ def connect_cluster(url: str, timeout: float = DEFAULT_TIMEOUT) -> RedisCluster:
         if not host or not port.isdigit():
             raise ConfigError(f"{address!r} is not host:port", "store")
         nodes.append(ClusterNode(host, int(port)))
-    return RedisCluster(startup_nodes=nodes, socket_timeout=timeout, socket_connect_timeout=timeout,
+    return RedisCluster(startup_nodes=nodes, socket_timeout=read_timeout or timeout,
+                        socket_connect_timeout=timeout,
                         retry=Retry(NoBackoff(), 0), max_connections=MAX_CONNECTIONS,
                         require_full_coverage=False)

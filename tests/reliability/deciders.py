@@ -22,11 +22,21 @@ READY_WITHIN = 60.0
 def decide_from_processes(url: str, config: dict, keys: dict, processes: int = 4,
                           threads: int = 50, prefix: str = "la") -> list[tuple[bool, bool]]:
     """(allowed, degraded) of every one of `processes` x `threads` simultaneous requests."""
+    found = decide_spread(url, config, [keys], processes, threads, prefix)
+    return [(allowed, degraded) for allowed, degraded, _ in found]
+
+
+def decide_spread(url: str, config: dict, key_sets: list[dict], processes: int = 4,
+                  threads: int = 50, prefix: str = "la", each: int = 1) -> list[tuple[bool, bool, int]]:
+    """(allowed, degraded, which key set) of `processes` x `threads` simultaneous threads,
+    each making `each` requests, request n of the whole run on key_sets[n % len(key_sets)].
+    `url` may be redis:// or redis-cluster://."""
     context = multiprocessing.get_context("spawn")
     ready = context.Barrier(processes)
     answers = context.Queue()
-    children = [context.Process(target=_decide, args=(url, config, keys, threads, prefix, ready, answers))
-                for _ in range(processes)]
+    children = [context.Process(target=_decide, args=(url, config, key_sets, threads, prefix, ready,
+                                                       answers, p, each))
+                for p in range(processes)]
     for child in children:
         child.start()
     try:
@@ -41,21 +51,23 @@ def decide_from_processes(url: str, config: dict, keys: dict, processes: int = 4
     return [answer for batch in found for answer in batch]
 
 
-def _decide(url, config, keys, threads, prefix, ready, answers) -> None:
+def _decide(url, config, key_sets, threads, prefix, ready, answers, process, each) -> None:
     try:
         from core import HierarchicalLimiter
-        from core.stores.redis import RedisStore
+        from core.stores import store_from_url
 
-        store = RedisStore(url=url, prefix=prefix, timeout=TIMEOUT)
+        store = store_from_url(url, prefix=prefix, timeout=TIMEOUT)
         limiter = HierarchicalLimiter.from_config(config, store=store)
         store.ping()  # connected before the start, so the start is the decisions alone
         start = threading.Barrier(threads + 1)
-        found: list = [None] * threads
+        found: list = []
 
         def one(k: int) -> None:
             start.wait(READY_WITHIN)
-            decision = limiter.acquire(keys)
-            found[k] = (decision.allowed, decision.degraded)
+            for n in range(each):
+                which = ((process * threads + k) * each + n) % len(key_sets)
+                decision = limiter.acquire(key_sets[which])
+                found.append((decision.allowed, decision.degraded, which))
 
         workers = [threading.Thread(target=one, args=(k,)) for k in range(threads)]
         for worker in workers:
