@@ -162,13 +162,18 @@ class RedisClusterServers:
 
     def __init__(self, directory, primaries: int = 3) -> None:
         self.nodes = []
+        # Two ports per node (the clients' and the cluster bus'; else the bus is port + 10,000,
+        # maybe taken), all different: free_port() may hand out a port twice until it is bound.
+        ports: set[int] = set()
+        while len(ports) < primaries * 4:
+            ports.add(free_port())
+        ports_left = sorted(ports)
         for i in range(primaries * 2):
             node_dir = os.path.join(str(directory), f"node{i}")
             os.makedirs(node_dir, exist_ok=True)
-            # The cluster bus on a free port of its own (else port + 10,000, maybe taken).
-            self.nodes.append(RedisServer(node_dir, options=(
+            self.nodes.append(RedisServer(node_dir, port=ports_left.pop(), options=(
                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-port", str(free_port()),
+                "--cluster-port", str(ports_left.pop()),
                 "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS), "--appendonly", "no",
                 # A replica syncs at once (not 5 s later): one never synced cannot fail over.
                 "--repl-diskless-sync-delay", "0",

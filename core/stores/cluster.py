@@ -28,7 +28,9 @@ over, the client learns the new topology on the next error from the old one.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
+import time
 import zlib
 from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
@@ -38,12 +40,31 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.retry import Retry
 
-from ..errors import ConfigError, StoreUnavailable
+from ..decision import Decision
+from ..errors import ConfigError
 from .base import Check, Outcome
-from .redis import (BATCH_TIMEOUT, DEFAULT_TIMEOUT, MAX_CONNECTIONS, NOSCRIPT_TRIES, CircuitBreaker, RedisPlan,
-                    RedisStore, _base36)
+from .lease import (
+    DEFAULT_FRACTION,
+    DEFAULT_INTERVAL,
+    LEASE_SCRIPT,
+    Budget,
+    LeasedPlan,
+    leasable,
+)
+from .redis import (
+    BATCH_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    MAX_CONNECTIONS,
+    NOSCRIPT_TRIES,
+    CircuitBreaker,
+    RedisPlan,
+    RedisStore,
+    _base36,
+)
 
 DEFAULT_SHARDS = 16
+# How a split level's limit is shared: sub-buckets per shard, or slices leased per process.
+GLOBAL_MODES = ("split", "lease")
 
 
 class ClusterPlan(RedisPlan):
@@ -61,9 +82,18 @@ class ClusterStore(RedisStore):
     def __init__(self, url: str | None = None, client: RedisCluster | None = None,
                  prefix: str = "la", timeout: float = DEFAULT_TIMEOUT, shards: int = DEFAULT_SHARDS,
                  shard_by: str = "team", split: Sequence[str] = ("global",),
-                 breaker: CircuitBreaker | None = None, batch_timeout: float = BATCH_TIMEOUT) -> None:
+                 breaker: CircuitBreaker | None = None, batch_timeout: float = BATCH_TIMEOUT,
+                 global_mode: str = "split", lease_fraction: float = DEFAULT_FRACTION,
+                 lease_interval: float = DEFAULT_INTERVAL,
+                 lease_clock: Callable[[], float] = time.monotonic) -> None:
         if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= 16384:
             raise ConfigError("must be a whole number from 1 to 16384", "shards")
+        if global_mode not in GLOBAL_MODES:
+            raise ConfigError(f"must be one of {', '.join(GLOBAL_MODES)}, not {global_mode!r}", "global_mode")
+        if not (isinstance(lease_fraction, (int, float)) and 0 < lease_fraction <= 1):
+            raise ConfigError("must be a number above 0 and at most 1", "lease_fraction")
+        if not (isinstance(lease_interval, (int, float)) and 0 < lease_interval <= 3600):
+            raise ConfigError("must be a number of seconds above 0 and at most 3600", "lease_interval")
         if client is None:
             client = connect_cluster(url or "", timeout)
             # Batches read their answers on connections of their own, with a longer wait.
@@ -75,6 +105,11 @@ class ClusterStore(RedisStore):
                          batch_client=batch_client)
         self.shards, self.shard_by, self.split = shards, shard_by, frozenset(split)
         self.breakers = [CircuitBreaker() for _ in range(shards)]
+        self.global_mode = global_mode
+        self.lease_fraction, self.lease_interval, self.lease_clock = lease_fraction, lease_interval, lease_clock
+        self.pool_breaker = CircuitBreaker()  # the leased pools' keys, wherever they live
+        self._budgets: dict[str, Budget] = {}
+        self._lease_script = client.register_script(LEASE_SCRIPT)
 
     # --- key layout ---------------------------------------------------------------------
 
@@ -85,7 +120,14 @@ class ClusterStore(RedisStore):
         tag = _base36(zlib.crc32(rule.rule_id.encode()))
         return f"{self.prefix}:{{s{shard}}}:{level}:{key}:{tag}"
 
-    def prepare(self, checks: Sequence[Check]) -> ClusterPlan:
+    def prepare(self, checks: Sequence[Check]) -> ClusterPlan | LeasedPlan:
+        if self.global_mode == "lease":
+            leased = [i for i, c in enumerate(checks) if c.level in self.split and leasable(c)]
+            if leased:
+                return self._prepare_leased(checks, leased)
+        return self._prepare_split(checks)
+
+    def _prepare_split(self, checks: Sequence[Check]) -> ClusterPlan:
         # One shard needs no scoping: everything is on it, as on a single Redis.
         owner = next((c.key for c in checks if c.level == self.shard_by), None) if self.shards > 1 else None
         by = owner or next((c.key for c in checks if c.level not in self.split), None)
@@ -114,19 +156,32 @@ class ClusterStore(RedisStore):
     # --- calls, each on its shard's breaker -------------------------------------------------
 
     def decide(self, plan: ClusterPlan, cost: float, now: float | None, lease: str | None) -> Outcome:
+        if plan.__class__ is LeasedPlan:
+            return self._leased(plan, cost, now, lambda inner: self.decide(inner, cost, now, lease))
         plan = plan.pick()
         return self._on(plan.shard, super().decide, plan, cost, now, lease)
 
     def release(self, plan: ClusterPlan, now: float | None, lease: str) -> int:
+        if plan.__class__ is LeasedPlan:
+            return self.release(plan.inner, now, lease) if plan.leased else 0
         return self._on(plan.shard, super().release, plan, now, lease)
 
     def reserve(self, plan: ClusterPlan, cost: float, now: float, lease: str | None,
                 record: dict) -> Outcome:
+        if plan.__class__ is LeasedPlan:
+            return self._leased(plan, cost, now, lambda inner: self.reserve(inner, cost, now, lease, record),
+                                always=True)
         plan = self._variant(plan, record["id"])
         return self._on(plan.shard, super().reserve, plan, cost, now, lease, record)
 
     def settle(self, plan: ClusterPlan, reservation_id: str, actual_cost: float | None,
                now: float | None) -> tuple[float, int]:
+        if plan.__class__ is LeasedPlan:
+            delta, released = self.settle(plan.inner, reservation_id, actual_cost, now)
+            for _, budget in plan.budgets:  # as settle.lua: rules that count cost, by the difference
+                if not budget.counts_requests:
+                    budget.give(-delta)
+            return delta, released
         plan = self._variant(plan, reservation_id)
         return self._on(plan.shard, super().settle, plan, reservation_id, actual_cost, now)
 
@@ -137,13 +192,33 @@ class ClusterStore(RedisStore):
 
     def inspect(self, plan: ClusterPlan, now: float | None) -> list[dict]:
         """A split level's key without a shard: every sub-bucket, added up (room and
-        capacity summed, the longest time to full)."""
+        capacity summed, the longest time to full). A leased one: its pool and this
+        process's slice."""
+        if plan.__class__ is LeasedPlan:
+            rows = self._with_budgets(plan, self.inspect(plan.inner, now) if plan.inner.keys else [],
+                                      lambda budget: self._pool_state(budget, now))
+            return rows
         if not plan.variants:
             return super().inspect(plan, now)
         rows = [super(ClusterStore, self).inspect(variant, now) for variant in plan.variants]
         return [_combine(states) for states in zip(*rows)]
 
+    def explain(self, plan: ClusterPlan, cost: float, now: float | None) -> list[tuple[float, float]]:
+        if plan.__class__ is not LeasedPlan:
+            return super().explain(plan.pick(), cost, now)
+
+        def row(budget: Budget) -> tuple[float, float]:
+            room = self._pool_state(budget, now)["remaining"]
+            amount = 1.0 if budget.counts_requests else cost
+            return (0.0 if room >= amount else math.inf if amount > budget.capacity else budget.interval), room
+        return self._with_budgets(plan, self.explain(plan.inner, cost, now) if plan.inner.keys else [], row)
+
     def reset(self, plan: ClusterPlan) -> None:
+        if plan.__class__ is LeasedPlan:
+            for _, budget in plan.budgets:
+                budget.allowance = 0.0
+                self._on_pools(self.client.delete, budget.key)
+            return self.reset(plan.inner)
         for variant in plan.variants or [plan]:
             super().reset(variant)
 
@@ -154,7 +229,84 @@ class ClusterStore(RedisStore):
             return self.client.get_redis_connection(self.client.get_random_node())
         return self.client.get_redis_connection(self.client.get_node_from_key(key))
 
+    # --- the leased global budget (lease.py) ------------------------------------------------
+
+    def _prepare_leased(self, checks: Sequence[Check], leased: list[int]) -> LeasedPlan:
+        rest = [i for i in range(len(checks)) if i not in leased]
+        inner = self._prepare_split([checks[i] for i in rest])
+        budgets = []
+        for i in leased:
+            check = checks[i]
+            key = f"{self.prefix}:{{{check.level}:{check.key}}}:{_base36(zlib.crc32(check.rule.rule_id.encode()))}:pool"
+            budget = self._budgets.get(key)
+            if budget is None:
+                budget = self._budgets.setdefault(key, Budget(
+                    key, check.rule, self._lease, self.lease_fraction, self.lease_interval, self.lease_clock))
+            budgets.append((i, budget))
+        return LeasedPlan(list(checks), budgets, inner, rest)
+
+    def _leased(self, plan: LeasedPlan, cost: float, now: float | None, inner_call: Callable,
+                always: bool = False) -> Outcome:
+        """Take from every leased slice (denying at the first that cannot give), then let
+        Redis decide the other levels; a denial there, or an error, gives the slices back."""
+        taken, room = [], math.inf
+        try:
+            for index, budget in plan.budgets:
+                amount = 1.0 if budget.counts_requests else cost
+                ok, wait, left = self._on_pools(budget.take, amount, now)
+                if not ok:
+                    _give_back(taken)
+                    return index, wait, left, ()
+                taken.append((budget, amount))
+                room = min(room, left)
+            if not plan.inner.keys and not always:
+                return -1, 0.0, room, ()
+            outcome = inner_call(plan.inner)
+        except BaseException:
+            _give_back(taken)
+            raise
+        if outcome.__class__ is not Decision and outcome[0] >= 0:
+            _give_back(taken)
+        return outcome if outcome.__class__ is Decision else plan.outcome(outcome)
+
+    def _lease(self, key: str, now: float | None, capacity: float, rate: float, want: float,
+               need: float, give_back: float) -> tuple[float, float, float]:
+        at = "-" if now is None else repr(now)
+        granted, pool, wait = self._lease_script(keys=[key], args=[at, repr(capacity), repr(rate), repr(want),
+                                                                   repr(need), repr(give_back)])
+        return float(granted), float(pool), float(wait)
+
+    def _pool_state(self, budget: Budget, now: float | None) -> dict:
+        """The pool as it is now (taking nothing), plus what is left of this process's slice."""
+        _, pool, _ = self._on_pools(self._lease, budget.key, now, budget.capacity, budget.rate, 0.0, 0.0, 0.0)
+        tokens = min(budget.capacity, pool + max(0.0, budget.allowance))
+        full_in = 0.0 if tokens >= budget.capacity else (budget.capacity - tokens) / budget.rate if budget.rate else math.inf
+        return {"tokens": tokens, "capacity": budget.capacity, "remaining": tokens, "full_in": full_in,
+                "leased": True}
+
+    def _with_budgets(self, plan: LeasedPlan, inner_rows: list, row: Callable) -> list:
+        rows: list = [None] * len(plan.checks)
+        for i, found in zip(plan.inner_index, inner_rows):
+            rows[i] = found
+        for i, budget in plan.budgets:
+            rows[i] = row(budget)
+        return rows
+
+    def _on_pools(self, method: Callable, *args: Any) -> Any:
+        """`method` with the pools' breaker: a pool's node down fails leased levels only."""
+        self._current.breaker = self.pool_breaker
+        try:
+            return self._call(method, *args)
+        finally:
+            self._current.breaker = None
+
     # --- batches: one pipeline per node ----------------------------------------------------
+
+    def decide_many(self, items: Sequence[tuple]) -> list:
+        """As on one Redis, with each plan that has no shard taking the next in turn. Leased
+        plans are decided alone, in their turn (their slices are local)."""
+        return super().decide_many([(plan if plan.__class__ is LeasedPlan else plan.pick(), *rest)
+                                    for plan, *rest in items])
 
     def _evalsha_many(self, calls: list[tuple[tuple, str]]) -> list:
         """The cluster client does not pipeline scripts, so the batch is grouped by node and
@@ -211,8 +363,9 @@ class ClusterStore(RedisStore):
 
     # --- reservations: the id names its shard, so that its record lives with its keys ------
 
-    def new_reservation_id(self, plan: ClusterPlan) -> str:
-        return f"{super().new_reservation_id(plan)}.{plan.pick().shard}"
+    def new_reservation_id(self, plan: ClusterPlan | LeasedPlan) -> str:
+        inner = plan.inner if plan.__class__ is LeasedPlan else plan
+        return f"{super().new_reservation_id(plan)}.{inner.pick().shard}"
 
     def reservation_key(self, reservation_id: str) -> str:
         shard = _shard_of_id(reservation_id, self.shards)
@@ -242,6 +395,11 @@ class ClusterStore(RedisStore):
             return method(*args)
         finally:
             self._current.breaker = None
+
+
+def _give_back(taken: list) -> None:
+    for budget, amount in taken:
+        budget.give(amount)
 
 
 def _combine(states: Sequence[dict]) -> dict:

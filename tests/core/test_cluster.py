@@ -173,3 +173,113 @@ def test_a_reset_of_a_split_level_empties_every_sub_bucket(store):
     assert limiter.inspect("global", "*")[0]["state"]["tokens"] == 110
     limiter.reset("global", "*")
     assert limiter.inspect("global", "*")[0]["state"]["tokens"] == 160
+
+
+# --- the leased global budget ----------------------------------------------------------------
+
+class Ticks:
+    """The lease interval's clock, moved by hand."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def leasing(redis_cluster_url):
+    made = []
+
+    def make(fraction=0.1, prefix="la"):
+        ticks = Ticks()
+        store = ClusterStore(url=redis_cluster_url, timeout=1.0, global_mode="lease", lease_fraction=fraction,
+                             lease_interval=1.0, lease_clock=ticks, prefix=prefix)
+        made.append(store)
+        return store, ticks
+    yield make
+    for store in made:
+        store.close()
+
+
+def test_the_global_mode_must_be_known(redis_cluster_url):
+    with pytest.raises(ConfigError, match="split, lease"):
+        ClusterStore(url=redis_cluster_url, global_mode="sometimes")
+    with pytest.raises(ConfigError, match="lease_fraction"):
+        ClusterStore(url=redis_cluster_url, global_mode="lease", lease_fraction=0)
+
+
+def test_leased_slices_never_admit_more_than_the_global_limit_across_processes(leasing):
+    config = {"team": [token_bucket(1000, 0)], "global": [token_bucket(100, 0)]}
+    # Three stores stand for three processes, each leasing slices of 10 from one pool.
+    stores = [leasing()[0] for _ in range(3)]
+    limiters = [limiter_on(store, config) for store in stores]
+    admitted = sum(limiters[i % 3].acquire({"team": f"t{i % 40}", "global": "*"}).allowed for i in range(400))
+    assert admitted == 100
+    assert limiters[0].inspect("global", "*")[0]["state"]["tokens"] == 0
+
+
+def test_a_slice_decides_locally_until_it_runs_out(leasing, redis_cluster_servers):
+    store, _ = leasing(fraction=0.1)
+    limiter = limiter_on(store, {"global": [token_bucket(100, 0)]})
+    limiter.acquire({"global": "*"})  # the first slice: 10, one of them spent
+    for node in redis_cluster_servers.primaries():
+        client = node.client()
+        client.config_resetstat()
+        client.close()
+    assert all(limiter.acquire({"global": "*"}).allowed for _ in range(9))
+    assert script_calls(redis_cluster_servers) == 0  # all from the slice in hand
+    assert limiter.acquire({"global": "*"}).allowed  # a new slice
+    assert script_calls(redis_cluster_servers) == 1
+
+
+def test_a_denial_at_another_level_gives_the_slice_back(leasing):
+    store, _ = leasing(fraction=0.1)
+    limiter = limiter_on(store, {"team": [token_bucket(2, 0)], "global": [token_bucket(100, 0)]})
+    decisions = [limiter.acquire({"team": "acme", "global": "*"}) for _ in range(5)]
+    assert [d.allowed for d in decisions] == [True, True, False, False, False]
+    assert all(d.blocked_by.startswith("team") for d in decisions[2:])
+    budget = next(iter(store._budgets.values()))
+    assert budget.allowance == 8  # a slice of 10, two taken, three denials gave theirs back
+
+
+def test_what_a_slice_left_goes_back_to_the_pool_after_the_interval(leasing):
+    first, ticks = leasing(fraction=0.5)
+    second, _ = leasing(fraction=0.5)
+    config = {"global": [token_bucket(10, 0)]}
+    one, two = limiter_on(first, config), limiter_on(second, config)
+    assert one.acquire({"global": "*"}).allowed  # leases 5 of 10, keeps 4
+    assert sum(two.acquire({"global": "*"}).allowed for _ in range(10)) == 5  # the other 5
+    denied = two.acquire({"global": "*"})
+    assert not denied.allowed and denied.retry_after == 1.0  # slices come back within 1 s
+    ticks.now = 1.5  # the first store's slice has expired: its next call gives back 4
+    assert one.acquire({"global": "*"}).allowed
+    assert sum(two.acquire({"global": "*"}).allowed for _ in range(10)) == 0  # one holds them
+    assert one.inspect("global", "*")[0]["state"]["tokens"] == 3
+
+
+def test_a_leased_reservation_settles_into_the_slice(leasing):
+    store, _ = leasing(fraction=0.1)
+    limiter = limiter_on(store, {"team": [token_bucket(100, 0)], "global": [token_bucket(100, 0)]})
+    decision, reservation = limiter.reserve({"team": "acme", "global": "*"}, cost=8)
+    assert decision.allowed
+    budget = next(iter(store._budgets.values()))
+    assert budget.allowance == 2
+    settlement = limiter.settle(reservation.id, actual_cost=3)
+    assert settlement.refunded == 5 and budget.allowance == 7
+    _, global_only = limiter.reserve({"global": "*"}, cost=7)
+    assert global_only is not None and budget.allowance == 0
+    limiter.settle(global_only.id)  # cancelled: all 7 back
+    assert budget.allowance == 7
+
+
+def test_a_dead_pool_applies_the_fail_mode_and_gives_nothing_away(leasing, redis_cluster_servers):
+    store, _ = leasing(fraction=0.1)
+    limiter = HierarchicalLimiter.from_config({"global": [token_bucket(100, 0)]}, store=store,
+                                              clock=ManualClock(), fail_modes={"global": "closed"})
+    assert limiter.acquire({"global": "*"}).allowed
+    store.pool_breaker.open_until = float("inf")  # as if the pool's node had failed three times
+    budget = next(iter(store._budgets.values()))
+    budget.allowance = 0.0
+    denied = limiter.acquire({"global": "*"})
+    assert denied.degraded and not denied.allowed and denied.reason == "STORE_UNAVAILABLE"
