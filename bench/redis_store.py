@@ -1,10 +1,14 @@
 """Decisions per second of a 3-level decision on the Redis store (user, team, global; one
-token bucket each, one script call), side by side against one redis-server in one process with:
+token bucket each, one FCALL), side by side against one redis-server in one process with:
 
 - the `limits` library's RedisStorage, fixed window and moving window, one level only
   (`hit(item, "user", user)`): one script call each;
 - a raw redis-py EVALSHA of a trivial one-key script (INCRBY), on the same kind of client our
-  store uses (`core.stores.redis.connect`): one round trip and nothing else, the floor.
+  store uses (`core.stores.redis.connect`): one round trip through redis-py's full command
+  path, the floor the targets are set against;
+- the same INCRBY as a function, called with FCALL packed in advance on the store's held
+  connections (`core.stores.redis.held_connections`): one round trip by the path our store
+  takes, the floor of that path.
 
 Then the Redis memory per key: `INFO memory` used_memory before and after 100,000 keys made
 through our store, for a token bucket and, for comparison, a fixed window.
@@ -16,8 +20,9 @@ must be empty or --flush given.
 
 Each contender runs R rounds interleaved with the others; the best round counts. Ours reads
 the server's clock (Redis TIME), limits the client's wall clock. Every contender's time inside
-EVALSHA comes from INFO commandstats ("server us"); what is left of a decision is the client,
-the kernel, the loopback and the server's reading and answering of the command.
+its script call (EVALSHA or FCALL) comes from INFO commandstats ("server us"); what is left of
+a decision is the client, the kernel, the loopback and the server's reading and answering of
+the command.
 """
 
 from __future__ import annotations
@@ -40,11 +45,13 @@ from limits import parse, strategies  # noqa: E402
 from limits.storage import RedisStorage  # noqa: E402
 
 from core import HierarchicalLimiter  # noqa: E402
-from core.stores.redis import RedisError, RedisStore, connect  # noqa: E402
+from core.stores.redis import RedisError, RedisStore, connect, held_connections  # noqa: E402
 
 USERS, TEAMS = 1000, 50
 LIMITS = {"user": (100, 50), "team": (2000, 1000), "global": (1_000_000, 100_000)}
 RAW_SCRIPT = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
+RAW_LIBRARY = ("#!lua name=bench_raw\n"
+               f"redis.register_function('bench_raw_incrby', function(KEYS, ARGV) {RAW_SCRIPT} end)")
 # Memory rules: TTLs far longer than the ~20 s it takes to make the keys, so none expires
 # before used_memory is read: one take leaves this token bucket full again in 600 s.
 MEMORY_RULES = {
@@ -160,13 +167,33 @@ def raw_evalsha(url: str) -> Callable[[list[dict]], tuple[float, int]]:
     return run
 
 
+def raw_fcall(url: str) -> Callable[[list[dict]], tuple[float, int]]:
+    client = connect(url)
+    client.function_load(RAW_LIBRARY, replace=True)
+    call = held_connections(client.connection_pool).call
+
+    def run(requests: list[dict]) -> tuple[float, int]:
+        commands = [b"*5\r\n$5\r\nFCALL\r\n$16\r\nbench_raw_incrby\r\n$1\r\n1\r\n$%d\r\n%s\r\n$1\r\n1\r\n"
+                    % (len(key), key) for key in (f"raw:{{{keys['user']}}}".encode() for keys in requests)]
+        start = time.perf_counter()
+        for command in commands:
+            call(command)
+        return time.perf_counter() - start, len(commands)
+    return run
+
+
+SCRIPT_CALLS = ("cmdstat_evalsha", "cmdstat_fcall")
+
+
 def server_usec(admin, reset: bool = False) -> tuple[int, int]:
-    """(EVALSHA calls, their microseconds) since the last reset, from INFO commandstats."""
+    """(EVALSHA and FCALL calls, their microseconds) since the last reset, from INFO
+    commandstats."""
     if reset:
         admin.config_resetstat()
         return 0, 0
-    stats = admin.info("commandstats").get("cmdstat_evalsha", {})
-    return stats.get("calls", 0), stats.get("usec", 0)
+    stats = admin.info("commandstats")
+    return (sum(stats.get(name, {}).get("calls", 0) for name in SCRIPT_CALLS),
+            sum(stats.get(name, {}).get("usec", 0) for name in SCRIPT_CALLS))
 
 
 def race(url: str, decisions: int, rounds: int) -> dict[str, dict]:
@@ -177,6 +204,7 @@ def race(url: str, decisions: int, rounds: int) -> dict[str, dict]:
         "limits: fixed window, 1 level": limits_hits(url, strategies.FixedWindowRateLimiter),
         "limits: moving window, 1 level": limits_hits(url, strategies.MovingWindowRateLimiter),
         "raw redis-py EVALSHA, 1 key": raw_evalsha(url),
+        "raw FCALL, held connection, 1 key": raw_fcall(url),
     }
     best = {name: {"seconds": float("inf")} for name in contenders}
     for _ in range(rounds):
@@ -197,7 +225,7 @@ def bytes_per_key(url: str, rule: dict, keys: int) -> dict:
     admin = connect(url, timeout=30.0)
     store = RedisStore(url=url, timeout=1.0)
     limiter = HierarchicalLimiter.from_config({"user": [rule]}, store=store)
-    limiter.acquire({"user": "warm-up"})  # the script is cached on the server before "before"
+    limiter.acquire({"user": "warm-up"})  # the library is loaded before "before"
     admin.flushall()
     before = admin.info("memory")["used_memory"]
     acquire = limiter.acquire
@@ -237,9 +265,13 @@ def report(best: dict[str, dict], decisions: int, rounds: int, memory: dict[str,
         print(f"{name:36} {value:12,.0f} {1e6 / value:12.2f} {best[name]['server_us']:10.2f}"
               f" {rate[ours_name] / value:8.2f}x")
     ours_us, raw_us = 1e6 / rate[ours_name], 1e6 / rate[raw_name]
+    held_us = 1e6 / rate["raw FCALL, held connection, 1 key"]
     print(f"ours / raw evalsha: {ours_us / raw_us:.2f}x the time per decision (target <= 1.3x);"
-          f" outside EVALSHA: ours {ours_us - best[ours_name]['server_us']:.2f} us,"
+          f" outside the script call: ours {ours_us - best[ours_name]['server_us']:.2f} us,"
           f" raw {raw_us - best[raw_name]['server_us']:.2f} us")
+    print(f"ours / raw FCALL on a held connection (our own call path): {ours_us / held_us:.2f}x the"
+          f" time per decision; outside the script call:"
+          f" {held_us - best['raw FCALL, held connection, 1 key']['server_us']:.2f} us")
     fixed = rate[ours_name] / rate["limits: fixed window, 1 level"]
     print(f"ours / limits fixed window: {fixed:.2f}x the decisions per second (target >= 1.0x)")
     if memory:

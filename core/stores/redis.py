@@ -8,6 +8,13 @@ atomic across every worker and machine that shares the Redis.
 The clock is the Redis server's `TIME` unless one is injected, so machines with skewed
 clocks agree. Every key has a prefix, a `{level:key}` hash tag and a TTL.
 
+The Lua is a Redis 7 function library, loaded once (`FUNCTION LOAD`) and called with `FCALL`
+on connections this store keeps (see `HeldConnections`); its name carries a hash of its
+source, so deployments of different code share a Redis without calling each other's. A
+server that lost it (a restart without persistence, `FUNCTION FLUSH`) answers that the
+function is not found, without running anything: the store loads it and calls again. A
+Redis older than 7 gets the same Lua as a script (EVALSHA, reloaded after NOSCRIPT).
+
 When Redis cannot be reached, calls fail within the socket timeouts (50 ms by default) and
 raise StoreUnavailable; the limiter then applies each level's fail mode. A circuit breaker
 stops paying the timeout on every call while Redis is down, and tries again with backoff
@@ -20,9 +27,11 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import random
 import threading
 import time
+import weakref
 import zlib
 from collections import deque
 from pathlib import Path
@@ -30,11 +39,12 @@ from typing import Any, Callable, Sequence
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError, WatchError
+from redis.exceptions import NoScriptError, RedisError, ResponseError, WatchError
 from redis.retry import Retry
 
 from ..buckets import GCRA, TokenBucket
 from ..concurrency import Concurrency
+from ..decision import allowed
 from ..errors import ReservationNotFound, ReservationSettled, StoreUnavailable
 from ..reservations import CANCELLED, COMMITTED, OPEN
 from ..rules import Rule
@@ -66,11 +76,24 @@ BATCH_TIMEOUT = 1.0
 MAX_CONNECTIONS = 10_000
 # How long an optimistic decision keeps trying while other clients keep changing its keys.
 OPTIMISTIC_DEADLINE = 1.0
+# A held connection idle for longer than this is checked before use (see HeldConnections).
+IDLE_CHECK = 0.001
+NO_SHADOWS: tuple = ()
+
+
+def lua_body() -> str:
+    """The rules' Lua, then `decide`, the function that uses them."""
+    return "\n".join((LUA_DIR / name).read_text() for name in LUA_FILES)
 
 
 def lua_source() -> str:
-    """The one script: the rules' Lua, then the decision that uses them."""
-    return "\n".join((LUA_DIR / name).read_text() for name in LUA_FILES)
+    """The Lua as one script, for EVALSHA: defines everything, then decides."""
+    return lua_body() + "\nreturn decide(KEYS, ARGV)\n"
+
+
+def lua_library(library: str, function: str) -> str:
+    """The Lua as a function library, for FUNCTION LOAD: `function` calls `decide`."""
+    return f"#!lua name={library}\n{lua_body()}\nredis.register_function('{function}', decide)\n"
 
 
 class CircuitBreaker:
@@ -115,6 +138,93 @@ class CircuitBreaker:
             self.open_until = now + self.backoff
 
 
+class HeldConnections:
+    """Connections taken from a redis-py pool once and kept for script calls, which send a
+    command packed in advance and read its reply on one of them. One per pool, shared by
+    every store on it (`held_connections`): it holds as many connections as calls were
+    ever made at once, whatever the number of stores.
+
+    redis-py 8.1 spends about 20 us around every command: the pool's checkout and release
+    (a lock, a poll of the socket, telemetry hooks), the retry wrapper, the encoder. Here a
+    call costs a deque pop and append. What the pool's poll was for, a connection the
+    server closed while it sat idle (a restart, `CLIENT KILL`), is checked only for one idle
+    longer than IDLE_CHECK: one closed in the last millisecond before its use fails that one
+    call, which then gets its fail mode, as a connection closed during the call always did.
+    """
+
+    def __init__(self, pool: redis.ConnectionPool) -> None:
+        self.pool = weakref.ref(pool)  # the pool's entry in _HELD must not keep it alive
+        self.idle: deque = deque()  # (connection, when it went idle), the latest last
+
+    def call(self, command: bytes) -> Any:
+        """Send `command` (RESP, packed) and read its reply; raise what redis-py raises."""
+        try:
+            connection, since = self.idle.pop()
+        except IndexError:
+            connection, since = self.pool().get_connection(), None
+        try:
+            if since is not None and time.monotonic() - since > IDLE_CHECK:
+                _make_ready(connection)
+            connection.send_packed_command((command,))
+            return connection.read_response()
+        except ResponseError:
+            raise  # a whole reply was read: the connection is ready for the next call
+        except BaseException:
+            # Whatever stopped us (redis-py has disconnected on its own errors), a reply
+            # to this command may still come: it must never be read as another's answer.
+            connection.disconnect()
+            raise
+        finally:
+            self.idle.append((connection, time.monotonic()))
+
+    def close(self) -> None:
+        """Give the idle connections back to the pool."""
+        pool = self.pool()
+        while self.idle:
+            connection = self.idle.pop()[0]
+            if pool is not None:
+                pool.release(connection)
+
+
+def _make_ready(connection: Any) -> None:
+    """Reconnect a connection that the server closed, or that holds data nobody asked for."""
+    try:
+        if not connection.can_read():
+            return
+    except (RedisError, OSError):
+        pass
+    connection.disconnect()
+    connection.connect()
+
+
+# The HeldConnections of each pool of this process.
+_HELD: "weakref.WeakKeyDictionary[Any, HeldConnections]" = weakref.WeakKeyDictionary()
+_HELD_LOCK = threading.Lock()
+
+
+def held_connections(pool: redis.ConnectionPool) -> HeldConnections:
+    """The HeldConnections of `pool`, made on first use."""
+    with _HELD_LOCK:
+        held = _HELD.get(pool)
+        if held is None:
+            held = _HELD[pool] = HeldConnections(pool)
+        return held
+
+
+def _forget_held_connections() -> None:
+    """In a child process: its parent's sockets are not ours to use."""
+    for held in list(_HELD.values()):
+        held.idle.clear()  # dropping them closes only the child's copy
+
+
+os.register_at_fork(after_in_child=_forget_held_connections)
+
+
+def _bulk(data: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
 class RedisPlan:
     """One key set, resolved: key names, the rules as the script reads them (`spec`), and
     whether a plug-in rule with no Lua twin sends it down the optimistic path."""
@@ -148,6 +258,20 @@ class RedisStore(Store):
         self.breaker = breaker or CircuitBreaker()
         self.source = lua_source()
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        # The library's name and its function's carry the hash of the Lua they load.
+        digest = hashlib.sha1(lua_body().encode()).hexdigest()[:16]
+        self.library, self.function = f"limiter_admin_{digest}", f"limiter_admin_decide_{digest}"
+        self.library_source = lua_library(self.library, self.function)
+        self._fcall_head = _bulk(b"FCALL") + _bulk(self.function.encode())
+        self._evalsha_head = _bulk(b"EVALSHA") + _bulk(self.sha.encode())
+        # FCALL until the server says it has no such command (Redis 6): then EVALSHA.
+        self._head = self._fcall_head
+        # A plain client's calls go out on held connections; another kind of client (a
+        # cluster's) gets EVALSHA through its own methods, as it routes them.
+        plain = isinstance(self.client, redis.Redis) and hasattr(self.client, "connection_pool")
+        self._held = held_connections(self.client.connection_pool) if plain else None
+        if not plain:
+            self._head = self._evalsha_head
         self._lock = threading.Lock()
         self._turns = [threading.Lock() for _ in range(64)]
 
@@ -172,9 +296,24 @@ class RedisStore(Store):
         if plan.optimistic:
             return self._call(self._decide_optimistically, plan, cost, now, lease)
         argument = f"{'-' if now is None else repr(now)} {cost!r} {lease or '-'} decide{plan.spec}"
-        blocker, wait, remaining, shadows = self._call(self._evalsha, *plan.keys, argument,
-                                                       keys=plan.key_count)
-        return blocker, float(wait), float(remaining), tuple(shadows)
+        return outcome_of(self._call(self._script, plan.keys, argument))
+
+    def decider(self, plan: RedisPlan) -> Callable[[float, float | None, str | None], Any]:
+        """A plan's decision on held connections: its command is packed once, but for the
+        argument that changes; an allowed decision with no shadow rule in the way comes
+        back as the Decision itself."""
+        if self._held is None or plan.optimistic or type(self).decide is not RedisStore.decide:
+            return super().decider(plan)
+        keys, spec, packed, call = plan.keys, f" decide{plan.spec}".encode(), {}, self._call
+        fcall = self._fcall
+
+        def decide(cost: float, now: float | None, lease: str | None = None) -> Any:
+            argument = f"{'-' if now is None else repr(now)} {cost!r} {lease or '-'}".encode() + spec
+            reply = call(fcall, keys, b"$%d\r\n%s\r\n" % (len(argument), argument), 1, packed)
+            if reply.__class__ is not list and lease is None:
+                return allowed(float(reply))
+            return outcome_of(reply)
+        return decide
 
     def release(self, plan: RedisPlan, now: float | None, lease: str) -> int:
         if not plan.leased:
@@ -182,7 +321,7 @@ class RedisStore(Store):
         if plan.optimistic:
             return self._call(self._release_optimistically, plan, now, lease)
         argument = f"{'-' if now is None else repr(now)} 0 {lease} release{plan.spec}"
-        return int(self._call(self._evalsha, *plan.keys, argument, keys=plan.key_count)[0])
+        return int(self._call(self._script, plan.keys, argument)[0])
 
     def decide_many(self, items: Sequence[tuple[RedisPlan, float, float | None, str | None]]
                     ) -> list[Outcome | StoreUnavailable]:
@@ -218,33 +357,34 @@ class RedisStore(Store):
             if isinstance(answer, Exception):  # that one did not run; the others counted
                 results[i], failed = StoreUnavailable(f"Redis cannot decide: {answer}"), True
             else:
-                blocker, wait, remaining, shadows = answer
-                results[i] = blocker, float(wait), float(remaining), tuple(shadows)
+                results[i] = outcome_of(answer)
         if failed:
             with self._lock:
                 self.breaker.failed()
 
     def _evalsha_many(self, calls: list[tuple[tuple, str]]) -> list:
-        """EVALSHA per (keys, argument), pipelined: one round trip. The commands that answer
-        NOSCRIPT did not run, so after loading the script only they are sent again, in
-        order; those that ran are never sent twice. Errors come back in the list."""
+        """One script call per (keys, argument), pipelined: one round trip; FCALL, or
+        EVALSHA on a server without functions. The calls that did not run (the library or
+        script was missing, or FCALL unknown) are sent again, in order, once that is put
+        right; those that ran are never sent twice. Errors come back in the list."""
         answers: list = [None] * len(calls)
         pending = list(range(len(calls)))
         for attempt in range(NOSCRIPT_TRIES + 1):
-            if attempt:
-                self.sha = self.batch_client.script_load(self.source)
+            head = self._head
+            command = ("FCALL", self.function) if head is self._fcall_head else ("EVALSHA", self.sha)
             with self.batch_client.pipeline(transaction=False) as pipe:
                 for i in pending:
                     keys, argument = calls[i]
-                    pipe.evalsha(self.sha, len(keys), *keys, argument)
+                    pipe.execute_command(*command, len(keys), *keys, argument)
                 replies = pipe.execute(raise_on_error=False)
             missing = []
             for i, reply in zip(pending, replies):
                 answers[i] = reply
-                if isinstance(reply, NoScriptError):
+                if isinstance(reply, ResponseError) and self._did_not_run(head, reply):
                     missing.append(i)
-            if not missing:
+            if not missing or attempt == NOSCRIPT_TRIES:
                 break
+            self._put_right(head, answers[missing[0]], self.batch_client)
             pending = missing
         return answers
 
@@ -270,9 +410,7 @@ class RedisStore(Store):
             return outcome
         argument = f"{now!r} {cost!r} {lease or '-'} reserve{plan.spec}"
         fields = [part for pair in record_fields(record, ()).items() for part in pair]
-        blocker, wait, remaining, shadows = self._call(
-            self._evalsha, *plan.keys, key, argument, repr(expires_at), *fields, keys=plan.key_count + 1)
-        return blocker, float(wait), float(remaining), tuple(shadows)
+        return outcome_of(self._call(self._script, (*plan.keys, key), argument, repr(expires_at), *fields))
 
     def _write_record(self, key: str, fields: dict, ttl: int) -> None:
         with self.client_for(key).pipeline(transaction=True) as pipe:
@@ -299,7 +437,7 @@ class RedisStore(Store):
         else:
             argument = (f"{'-' if now is None else repr(now)} "
                         f"{'-' if actual_cost is None else repr(actual_cost)} - settle{plan.spec}")
-            answer = self._call(self._evalsha, *plan.keys, key, argument, keys=plan.key_count + 1)
+            answer = self._call(self._script, (*plan.keys, key), argument)
         if answer[0] == b"missing":
             raise ReservationNotFound(f"no reservation {reservation_id!r} (unknown or expired)")
         if answer[0] == b"settled":
@@ -323,6 +461,8 @@ class RedisStore(Store):
             self._call(self.client.delete, *plan.keys)
 
     def close(self) -> None:
+        if self._held is not None:
+            self._held.close()
         self.client.close()
         if self.batch_client is not self.client:
             self.batch_client.close()
@@ -452,6 +592,52 @@ class RedisStore(Store):
                     continue
         raise StoreUnavailable(f"Redis keys kept changing for {OPTIMISTIC_DEADLINE} s")
 
+    def _script(self, keys: Sequence[str], *args: str) -> Any:
+        """One call of the Lua on `keys` with `args`: FCALL on a held connection, or, for
+        a client that is not a plain one, EVALSHA through its own method."""
+        if self._held is None:
+            return self._evalsha(*keys, *args, keys=len(keys))
+        return self._fcall(keys, b"".join(_bulk(arg.encode()) for arg in args), len(args), {})
+
+    def _fcall(self, keys: Sequence[str], tail: bytes, count: int, packed: dict) -> Any:
+        """Send the command: the head (FCALL and the function, or EVALSHA and the sha),
+        `keys`, then `tail`, the `count` arguments packed. `packed` keeps the command up to
+        `tail` by head, for the next call with the same keys. A call that ran nothing
+        because the library (or script) was missing, or FCALL is unknown, is put right and
+        sent again: it cannot count a decision twice."""
+        for attempt in range(NOSCRIPT_TRIES + 1):
+            head = self._head
+            start = packed.get(head)
+            if start is None:
+                start = packed[head] = (b"*%d\r\n" % (3 + len(keys) + count) + head
+                                        + _bulk(b"%d" % len(keys))
+                                        + b"".join(_bulk(key.encode()) for key in keys))
+            try:
+                return self._held.call(start + tail)
+            except ResponseError as error:
+                if attempt == NOSCRIPT_TRIES or not self._did_not_run(head, error):
+                    raise
+                self._put_right(head, error, self.client)
+
+    def _did_not_run(self, head: bytes, error: ResponseError) -> bool:
+        """Whether `error`, the answer to a call with `head`, says that nothing ran because
+        what it calls is missing from the server."""
+        if head is self._fcall_head:
+            return str(error).startswith(("Function not found", "unknown command"))
+        return isinstance(error, NoScriptError)
+
+    def _put_right(self, head: bytes, error: ResponseError, client: redis.Redis) -> None:
+        """Load what was missing; on a server without functions, go over to EVALSHA."""
+        if head is not self._fcall_head:
+            self.sha = client.script_load(self.source)
+        elif str(error).startswith("unknown command"):
+            client.script_load(self.source)
+            self._head = self._evalsha_head
+        else:
+            # REPLACE: two processes loading the same library at once must both succeed;
+            # the name holds the source's hash, so what it replaces is the same code.
+            client.execute_command("FUNCTION", "LOAD", "REPLACE", self.library_source)
+
     def _evalsha(self, *keys_and_args: str, keys: int) -> Any:
         """One EVALSHA; a server that lost its script cache (restart, SCRIPT FLUSH) answers
         NOSCRIPT without running anything, so loading the script and calling again cannot
@@ -486,6 +672,15 @@ class RedisStore(Store):
             with self._lock:
                 self.breaker.succeeded()
         return result
+
+
+def outcome_of(reply: Any) -> Outcome:
+    """A decision's reply as an Outcome: the script sends the room left alone when every
+    rule took and no shadow rule would have denied, else all four fields."""
+    if reply.__class__ is not list:
+        return -1, 0.0, float(reply), NO_SHADOWS
+    blocker, wait, remaining, shadows = reply
+    return blocker, float(wait), float(remaining), tuple(shadows)
 
 
 def connect(url: str, timeout: float = DEFAULT_TIMEOUT, read_timeout: float | None = None) -> redis.Redis:
@@ -576,5 +771,6 @@ def _base36(number: int) -> str:
             return out
 
 
-__all__ = ["CircuitBreaker", "RedisStore", "connect", "decode", "decode_record", "lua_source",
-           "record_fields", "write"]
+__all__ = ["CircuitBreaker", "HeldConnections", "RedisStore", "connect", "decode", "decode_record",
+           "held_connections", "lua_body", "lua_library", "lua_source", "outcome_of", "record_fields",
+           "write"]

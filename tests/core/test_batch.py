@@ -15,6 +15,7 @@ from core.stores.redis import RedisStore
 
 from .helpers import (concurrency, fixed_window, gcra, move_to, register_lifetime_quota,
                       sliding_window, sliding_window_counter, state_of, token_bucket)
+from .lua_loss import losing_the_lua, redis_without_functions  # noqa: F401 (fixtures)
 
 CONFIG = {
     "user": [token_bucket(3, 1, label="USER_BURST"), sliding_window(4, 10, counts="requests")],
@@ -150,7 +151,7 @@ def test_a_bad_item_is_refused_by_its_index_before_anything_is_taken(build, bad,
     assert state_of(limiter, "user", "u")["tokens"] == 3
 
 
-# --- Redis: one round trip, script cache loss, outages --------------------------------------
+# --- Redis: one round trip, the Lua lost, outages -------------------------------------------
 
 
 class CountingConnection(redis.Connection):
@@ -170,9 +171,12 @@ def counting_limiter(url, config, prefix, clock=None, **options):
     return HierarchicalLimiter.from_config(config, store=store, clock=clock, **options)
 
 
-def test_a_batch_on_redis_is_one_round_trip_of_one_evalsha_per_item(redis_url, redis_server):
+def test_a_batch_on_redis_is_one_round_trip_of_one_fcall_per_item(redis_url, redis_server):
     limiter = counting_limiter(redis_url, CONFIG, "trip", ManualClock(), priorities=PRIORITIES)
-    limiter.acquire(KEY_SETS[0])  # connects and loads the script
+    # Loads the library and connects: the store keeps a connection for single decisions,
+    # and a batch's pipeline takes another from the pool.
+    limiter.acquire(KEY_SETS[0])
+    acquire_batch([(limiter, KEY_SETS[0])])
     admin = redis_server.client()
     admin.config_resetstat()
     CountingConnection.writes = 0
@@ -184,37 +188,38 @@ def test_a_batch_on_redis_is_one_round_trip_of_one_evalsha_per_item(redis_url, r
     asked = sum(d.reason != "COST_EXCEEDS_LIMIT" for d in decisions)
     assert 20 < asked < 30
     stats = admin.info("commandstats")
-    assert stats["cmdstat_evalsha"]["calls"] == asked
-    assert "cmdstat_script|load" not in stats and "cmdstat_multi" not in stats
+    assert stats["cmdstat_fcall"]["calls"] == asked
+    assert not {"cmdstat_function|load", "cmdstat_evalsha", "cmdstat_multi"} & set(stats)
 
 
-def test_a_script_flush_between_batches_costs_no_error_and_counts_nothing_twice(redis_url,
-                                                                              redis_server):
+def test_losing_the_lua_between_batches_costs_no_error_and_counts_nothing_twice(losing_the_lua):
+    url, flush = losing_the_lua
     config = {"user": [token_bucket(30, 0)], "team": [sliding_window(1000, 3600)]}
-    limiter = counting_limiter(redis_url, config, "flush", ManualClock())
+    limiter = counting_limiter(url, config, "flush", ManualClock())
     limiter.explain({"user": "u", "team": "t"})  # connects: the hand-shake is not counted below
-    admin = redis_server.client()
     decisions = []
     for _ in range(5):
-        admin.script_flush()
+        flush()
         CountingConnection.writes = 0
         decisions += acquire_batch([(limiter, {"user": "u", "team": "t"})] * 10)
-        # The pipeline, SCRIPT LOAD, and the pipeline again with the commands that failed.
+        # The pipeline, FUNCTION LOAD (or SCRIPT LOAD), and the pipeline again with the
+        # commands that did not run.
         assert CountingConnection.writes == 3
     assert [d.allowed for d in decisions] == [True] * 30 + [False] * 20
     assert not any(d.degraded for d in decisions)
     assert state_of(limiter, "team", "t")["entries"] == 30
 
 
-def test_script_flushes_during_batches_count_every_admitted_request_once(redis_url, redis_server):
+def test_losing_the_lua_during_batches_counts_every_admitted_request_once(losing_the_lua):
+    url, flush = losing_the_lua
     config = {"user": [token_bucket(10_000, 0)], "team": [sliding_window(10_000, 3600)]}
-    limiter = counting_limiter(redis_url, config, "flushes", ManualClock())
+    limiter = counting_limiter(url, config, "flushes", ManualClock())
     limiter.explain({"user": "u", "team": "t"})
-    admin, done = redis_server.client(), threading.Event()
+    done = threading.Event()
 
     def flush_again_and_again():
         while not done.is_set():
-            admin.script_flush()
+            flush()
             done.wait(0.005)  # pacing the flushes, not aiming at an edge
 
     flusher = threading.Thread(target=flush_again_and_again)

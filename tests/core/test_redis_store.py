@@ -6,6 +6,7 @@ The engine's behaviour on Redis is covered by the whole engine suite (every test
 a shared, remote store has to get right.
 """
 
+import hashlib
 import multiprocessing
 import re
 import threading
@@ -15,10 +16,11 @@ from collections import Counter
 import pytest
 
 from core import (RULES, HierarchicalLimiter, ManualClock, store_from_url)
-from core.stores.redis import RedisStore, lua_source
+from core.stores.redis import RedisStore, lua_body, lua_source
 
 from .helpers import (concurrency, fixed_window, gcra, register_lifetime_quota, sliding_window,
                       sliding_window_counter, state_of, token_bucket)
+from .lua_loss import losing_the_lua, redis_without_functions  # noqa: F401 (fixtures)
 
 # --- helpers --------------------------------------------------------------------------------
 
@@ -180,7 +182,7 @@ EVERY_RULE = {
     "team": [gcra(2, 4), fixed_window(20, 60), concurrency(50)],
     "global": [sliding_window_counter(100, 60), token_bucket(2, 0.1, shadow=True)],
 }
-# The commands the Lua scripts may run: Redis 7.0 counts those in commandstats too.
+# The commands the Lua may run: Redis 7.0 counts those in commandstats too.
 SCRIPT_COMMANDS = {name.lower() for name in re.findall(r"redis\.call\('(\w+)'", lua_source())}
 
 
@@ -190,33 +192,33 @@ def stream_of_decisions(limiter, count):
             for i in range(count)]
 
 
-def test_each_decision_is_one_evalsha_in_commandstats(redis_url, redis_server):
+def test_each_decision_is_one_fcall_in_commandstats(redis_url, redis_server):
     limiter = redis_limiter(redis_url, EVERY_RULE, "trips")
-    stream_of_decisions(limiter, 1)  # connects and loads the script: not the hot path
+    stream_of_decisions(limiter, 1)  # connects and loads the library: not the hot path
     admin = redis_server.client()
     admin.config_resetstat()
     decisions = stream_of_decisions(limiter, 30)
     stats = admin.info("commandstats")
     assert {d.allowed for d in decisions} == {True, False}
-    assert stats["cmdstat_evalsha"]["calls"] == 30
-    assert stats["cmdstat_evalsha"]["failed_calls"] == 0
-    # Redis 7.0 also counts, here and in total_commands_processed, every command a script
-    # runs (GET, SET, ZADD, TIME...), so neither total tells the client's commands apart.
-    # What can be asserted: besides EVALSHA, only commands the scripts run and our own
-    # RESETSTAT and INFO show up. No EVAL, SCRIPT LOAD, GET of a key, PING or MULTI: the
-    # next test checks on the wire that the client sent EVALSHA and nothing else.
-    others = {name.removeprefix("cmdstat_") for name in stats} - {"evalsha"}
+    assert stats["cmdstat_fcall"]["calls"] == 30
+    assert stats["cmdstat_fcall"]["failed_calls"] == 0
+    # Redis 7.0 also counts, here and in total_commands_processed, every command a function
+    # runs (MGET, SET, ZADD, TIME...), so neither total tells the client's commands apart.
+    # What can be asserted: besides FCALL, only commands the Lua runs and our own RESETSTAT
+    # and INFO show up. No EVALSHA, FUNCTION LOAD, GET of a key, PING or MULTI: the next
+    # test checks on the wire that the client sent FCALL and nothing else.
+    others = {name.removeprefix("cmdstat_") for name in stats} - {"fcall"}
     assert others <= SCRIPT_COMMANDS | {"config|resetstat", "info"}, others - SCRIPT_COMMANDS
 
 
-def test_the_client_sends_nothing_but_one_evalsha_per_decision(redis_url, redis_server):
-    limiter = redis_limiter(redis_url, EVERY_RULE, "wire")
-    stream_of_decisions(limiter, 1)
-    watcher, marker = redis_server.client(socket_timeout=5), redis_server.client()
+def commands_sent(server, limiter, count):
+    """What the client sent while making `count` decisions, by command name, in order, as
+    MONITOR shows it (it tells a client's commands from those the Lua runs)."""
+    watcher, marker = server.client(socket_timeout=5), server.client()
     marker.ping()  # connected now, so that its ECHO below comes without a HELLO
     sent = []
-    with watcher.monitor() as monitor:  # MONITOR tells a client's commands from a script's
-        decisions = stream_of_decisions(limiter, 20)
+    with watcher.monitor() as monitor:
+        decisions = stream_of_decisions(limiter, count)
         marker.echo("end of the stream")
         for command in monitor.listen():
             if command["command"] == "ECHO end of the stream":
@@ -224,32 +226,78 @@ def test_the_client_sends_nothing_but_one_evalsha_per_decision(redis_url, redis_
             if command["client_type"] != "lua":
                 sent.append(command["command"].split()[0])
     assert {d.allowed for d in decisions} == {True, False}
-    assert sent == ["EVALSHA"] * 20
+    return sent
 
 
-# --- script cache loss ---------------------------------------------------------------------
+def test_the_client_sends_nothing_but_one_fcall_per_decision(redis_url, redis_server):
+    limiter = redis_limiter(redis_url, EVERY_RULE, "wire")
+    stream_of_decisions(limiter, 1)
+    assert commands_sent(redis_server, limiter, 20) == ["FCALL"] * 20
 
 
-def test_a_script_flush_mid_stream_costs_no_error_and_counts_nothing_twice(redis_url, redis_server):
-    config = {"user": [token_bucket(30, 0)], "team": [sliding_window(1000, 3600)]}
-    limiter = redis_limiter(redis_url, config, "flush", clock=ManualClock())
+# --- the Lua lost by the server: a restart without persistence, a flush --------------------
+
+def test_a_server_without_functions_gets_every_decision_by_one_evalsha(redis_without_functions):
+    limiter = redis_limiter(redis_without_functions.url, EVERY_RULE, "old")
+    stream_of_decisions(limiter, 1)  # FCALL is unknown: the store goes over to EVALSHA
+    assert commands_sent(redis_without_functions, limiter, 20) == ["EVALSHA"] * 20
+
+
+def test_the_library_is_named_by_the_hash_of_its_source_and_leaves_other_versions_alone(
+        redis_url, redis_server):
     admin = redis_server.client()
+    # Another deployment's library, loaded before ours: a different hash, a different name.
+    admin.function_load("#!lua name=limiter_admin_0000000000000000\n"
+                        "redis.register_function('limiter_admin_decide_0000000000000000',"
+                        " function() return 'the other version' end)", replace=True)
+    limiter = redis_limiter(redis_url, EVERY_RULE, "versions")
+    assert limiter.acquire({"user": "u", "team": "t", "global": "*"}).allowed
+    digest = hashlib.sha1(lua_body().encode()).hexdigest()[:16]
+    assert limiter.store.library == f"limiter_admin_{digest}"
+    libraries = {dict(zip(entry[::2], entry[1::2]))[b"library_name"].decode()
+                 for entry in admin.function_list()}
+    assert {f"limiter_admin_{digest}", "limiter_admin_0000000000000000"} <= libraries
+    assert admin.fcall("limiter_admin_decide_0000000000000000", 0) == b"the other version"
+
+
+def test_losing_the_lua_mid_stream_costs_no_error_and_counts_nothing_twice(losing_the_lua):
+    url, flush = losing_the_lua
+    config = {"user": [token_bucket(30, 0)], "team": [sliding_window(1000, 3600)]}
+    limiter = redis_limiter(url, config, "flush", clock=ManualClock())
     decisions = []
     for i in range(50):
         if i in (0, 10, 11, 29, 30):
-            admin.script_flush()
+            flush()
         decisions.append(limiter.acquire({"user": "u", "team": "t"}))
     assert [d.allowed for d in decisions] == [True] * 30 + [False] * 20
     assert not any(d.degraded for d in decisions)
-    # The team's log holds one entry per admitted request: no script ran twice.
+    # The team's log holds one entry per admitted request: nothing ran twice.
     assert state_of(limiter, "team", "t")["entries"] == 30
 
 
-def test_script_flushes_under_a_flood_of_threads_count_every_admitted_request_once(
-        redis_url, redis_server):
+def test_reservations_survive_losing_the_lua_and_count_nothing_twice(losing_the_lua):
+    url, flush = losing_the_lua
+    config = {"user": [token_bucket(100, 0)], "team": [concurrency(5)]}
+    limiter = redis_limiter(url, config, "flush-reservations", clock=ManualClock())
+    keys = {"user": "u", "team": "t"}
+    flush()
+    _, reservation = limiter.reserve(keys, cost=10)
+    flush()
+    assert limiter.settle(reservation.id, 4).refunded == 6
+    flush()
+    decision = limiter.acquire(keys, cost=2)
+    flush()
+    assert limiter.release(keys, decision.lease) == 1
+    assert state_of(limiter, "user", "u")["tokens"] == 100 - 4 - 2
+    assert state_of(limiter, "team", "t")["in_flight"] == 0
+
+
+def test_losing_the_lua_under_a_flood_of_threads_counts_every_admitted_request_once(
+        losing_the_lua):
+    url, flush = losing_the_lua
     config = {"user": [token_bucket(1000, 0)], "team": [sliding_window(1000, 3600)]}
-    limiter = redis_limiter(redis_url, config, "flushes", clock=ManualClock())
-    admin, decisions, lock = redis_server.client(), [], threading.Lock()
+    limiter = redis_limiter(url, config, "flushes", clock=ManualClock())
+    decisions, lock = [], threading.Lock()
 
     def worker():
         for _ in range(40):
@@ -263,7 +311,7 @@ def test_script_flushes_under_a_flood_of_threads_count_every_admitted_request_on
     flush_at = [100, 220]  # twice, while the threads decide
     while flush_at and any(thread.is_alive() for thread in workers):
         if len(decisions) >= flush_at[0]:
-            admin.script_flush()
+            flush()
             flush_at.pop(0)
         time.sleep(0.0005)  # polling the count, not aiming at an edge
     for thread in workers:

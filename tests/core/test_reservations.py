@@ -591,13 +591,13 @@ def test_a_reservation_and_its_settlement_are_one_script_call_each(redis_url, re
     limiter = redis_limiter(redis_url, {"user": [token_bucket(100, 1)], "team": [concurrency(3)]},
                             ManualClock())
     keys = {"user": "u", "team": "t"}
-    limiter.acquire(keys)  # loads the script
+    limiter.acquire(keys)  # loads the library
     admin = redis_server.client()
     admin.config_resetstat()
     _, reservation = limiter.reserve(keys, cost=10)
     limiter.settle(reservation.id, 5)
     stats = admin.info("commandstats")
-    assert stats["cmdstat_evalsha"]["calls"] == 2
+    assert stats["cmdstat_fcall"]["calls"] == 2
     assert stats["cmdstat_hgetall"]["calls"] == 2  # the look-up before settling, and the script's
 
 

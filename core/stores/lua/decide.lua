@@ -8,111 +8,134 @@
 --   to encode than the server spends parsing it here.
 -- 'reserve' also takes ARGV[2], when the reservation expires, and ARGV[3...], its record's
 --   fields and values, written when the decision takes.
--- Returns {blocker (-1 when allowed), wait, remaining, {shadow checks that would deny}};
+-- Returns, for 'decide' and 'reserve': the room left, as a bare string, when every rule
+--   took and no shadow rule would deny (the common answer, the cheapest to send and read);
+--   else {blocker (-1 when allowed), wait, remaining, {shadow checks that would deny}}.
 --   'release' returns {slots released}; 'settle' returns {'ok', slots released, delta},
 --   {'missing'} or {'settled', status}.
-local now, cost_text, lease, mode, spec = string.match(ARGV[1], '^(%S+) (%S+) (%S+) (%S+)(.*)$')
-if now == '-' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-else
-  now = tonumber(now)
-end
-local cost = tonumber(cost_text)
 
-local checks = {}
-for kind, floor, per_request, shadow, a, b in
-    string.gmatch(spec, ' (%S+) (%S+) (%S+) (%S+) (%S+) (%S+)') do
-  checks[#checks + 1] = {rule = RULES[kind], floor = tonumber(floor),
-                         per_request = per_request == '1', shadow = shadow == '1',
-                         a = tonumber(a), b = tonumber(b)}
+-- The checks of a spec, parsed once: loaded as a function library (FUNCTION LOAD), these
+-- locals live from one call to the next, so a plan seen before costs one table look-up.
+-- The cache forgets everything at MAX_PLANS specs (plans differ by rules and floors, not by
+-- keys, so a deployment has a few dozen). Run as a plain script, it starts empty every time.
+local plans, plan_count, MAX_PLANS = {}, 0, 1000
+
+local function parse_checks(spec)
+  local checks = {}
+  for kind, floor, per_request, shadow, a, b in
+      string.gmatch(spec, ' (%S+) (%S+) (%S+) (%S+) (%S+) (%S+)') do
+    checks[#checks + 1] = {rule = RULES[kind], floor = tonumber(floor),
+                           per_request = per_request == '1', shadow = shadow == '1',
+                           a = tonumber(a), b = tonumber(b)}
+  end
+  return checks
 end
 
-local function release_all(held)
+local function checks_of(spec)
+  local checks = plans[spec]
+  if not checks then
+    if plan_count >= MAX_PLANS then plans, plan_count = {}, 0 end
+    checks = parse_checks(spec)
+    plans[spec], plan_count = checks, plan_count + 1
+  end
+  return checks
+end
+
+-- Free the slots that lease `held` holds in every check's rule that has any.
+local function release_all(checks, keys, now, held)
   local released = 0
   for i, check in ipairs(checks) do
-    if check.rule.release then released = released + check.rule.release(KEYS[i], now, held) end
+    if check.rule.release then released = released + check.rule.release(keys[i], now, held) end
   end
   return released
 end
 
-if mode == 'release' then
-  return {release_all(lease)}
-end
-
-if mode == 'settle' then
-  -- Check the record is open, mark it settled (it stays, as a tombstone, until its TTL runs
-  -- out), adjust every rule that counts cost by the difference, and free the lease's slots.
-  local record = KEYS[#checks + 1]
-  local raw = redis.call('HGETALL', record)
-  local fields = {}
-  for i = 1, #raw, 2 do fields[raw[i]] = raw[i + 1] end
-  if not fields.status or now >= tonumber(fields.expires_at) then return {'missing'} end
-  if fields.status ~= 'open' then return {'settled', fields.status} end
-  if cost then
-    redis.call('HSET', record, 'status', 'committed', 'actual_cost', cost_text)
+local function decide(KEYS, ARGV)
+  local now, cost_text, lease, mode, spec = string.match(ARGV[1], '^(%S+) (%S+) (%S+) (%S+)(.*)$')
+  if now == '-' then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
   else
-    redis.call('HSET', record, 'status', 'cancelled', 'actual_cost', 'null')
+    now = tonumber(now)
   end
-  local delta = (cost or 0) - tonumber(fields.cost)
-  local taken_at = tonumber(fields.taken_at)
-  if delta ~= 0 then
-    for i, check in ipairs(checks) do
-      -- A shadow rule that would have denied took nothing: it has nothing to settle.
-      if not check.per_request and check.rule.adjust and not fields['untaken:' .. KEYS[i]] then
-        check.rule.adjust(KEYS[i], now, delta, taken_at, check.a, check.b)
+  local cost = tonumber(cost_text)
+  local checks = checks_of(spec)
+
+  if mode == 'release' then
+    return {release_all(checks, KEYS, now, lease)}
+  end
+
+  if mode == 'settle' then
+    -- Check the record is open, mark it settled (it stays, as a tombstone, until its TTL runs
+    -- out), adjust every rule that counts cost by the difference, and free the lease's slots.
+    local record = KEYS[#checks + 1]
+    local raw = redis.call('HGETALL', record)
+    local fields = {}
+    for i = 1, #raw, 2 do fields[raw[i]] = raw[i + 1] end
+    if not fields.status or now >= tonumber(fields.expires_at) then return {'missing'} end
+    if fields.status ~= 'open' then return {'settled', fields.status} end
+    if cost then
+      redis.call('HSET', record, 'status', 'committed', 'actual_cost', cost_text)
+    else
+      redis.call('HSET', record, 'status', 'cancelled', 'actual_cost', 'null')
+    end
+    local delta = (cost or 0) - tonumber(fields.cost)
+    local taken_at = tonumber(fields.taken_at)
+    if delta ~= 0 then
+      for i, check in ipairs(checks) do
+        -- A shadow rule that would have denied took nothing: it has nothing to settle.
+        if not check.per_request and check.rule.adjust and not fields['untaken:' .. KEYS[i]] then
+          check.rule.adjust(KEYS[i], now, delta, taken_at, check.a, check.b)
+        end
       end
     end
+    local released = 0
+    if fields.lease ~= '' then released = release_all(checks, KEYS, now, fields.lease) end
+    return {'ok', released, number(delta)}
   end
-  local released = 0
-  if fields.lease ~= '' then released = release_all(fields.lease) end
-  return {'ok', released, number(delta)}
-end
 
-local worst, blocker, shadows, found, states = 0, -1, {}, {}, {}
-for i, check in ipairs(checks) do
-  local state = check.rule.load(KEYS[i])
-  local amount = cost
-  if check.per_request then amount = 1 end
-  local fits, new_state, left = check.rule.attempt(state, now, amount, check.floor, check.a, check.b)
-  states[i] = state
-  if fits then
-    found[i] = {new_state, left, amount}
-  else
-    found[i] = false
-    if check.shadow then
+  local worst, blocker, shadows, states, taken, left, amounts = 0, -1, {}, {}, {}, {}, {}
+  for i, check in ipairs(checks) do
+    local state = check.rule.load(KEYS[i])
+    states[i] = state
+    local amount = cost
+    if check.per_request then amount = 1 end
+    local fits, new_state, room = check.rule.attempt(state, now, amount, check.floor, check.a, check.b)
+    if fits then
+      taken[i], left[i], amounts[i] = new_state, room, amount
+    elseif check.shadow then
       shadows[#shadows + 1] = i - 1
     elseif new_state > worst then
       worst, blocker = new_state, i - 1
     end
   end
-end
 
-if blocker >= 0 then
-  local check = checks[blocker + 1]
-  local left = check.rule.remaining(states[blocker + 1], now, check.a, check.b)
-  return {blocker, number(worst), number(left), shadows}
-end
-
-local remaining = INFINITY
-for i, check in ipairs(checks) do
-  local taken = found[i]
-  if taken then  -- a shadow rule that would deny takes nothing, as if it were enforced
-    check.rule.save(KEYS[i], taken[1], now, check.a, check.b, taken[3], lease)
-    if not check.shadow and taken[2] < remaining then remaining = taken[2] end
+  if blocker >= 0 then
+    local check = checks[blocker + 1]
+    local room = check.rule.remaining(states[blocker + 1], now, check.a, check.b)
+    return {blocker, number(worst), number(room), shadows}
   end
-end
 
-if mode == 'reserve' then
-  -- The record, with a TTL until it expires; and the slots taken last no longer than it.
-  local record, expires_at = KEYS[#checks + 1], tonumber(ARGV[2])
+  local remaining = INFINITY
   for i, check in ipairs(checks) do
-    if found[i] and lease ~= '-' and check.rule.shorten_lease then
-      check.rule.shorten_lease(KEYS[i], lease, expires_at)
+    if amounts[i] then  -- a shadow rule that would deny takes nothing, as if it were enforced
+      check.rule.save(KEYS[i], taken[i], now, check.a, check.b, amounts[i], lease)
+      if not check.shadow and left[i] < remaining then remaining = left[i] end
     end
   end
-  redis.call('HSET', record, unpack(ARGV, 3))
-  for _, i in ipairs(shadows) do redis.call('HSET', record, 'untaken:' .. KEYS[i + 1], '1') end
-  redis.call('PEXPIRE', record, ttl_ms(expires_at - now))
+
+  if mode == 'reserve' then
+    -- The record, with a TTL until it expires; and the slots taken last no longer than it.
+    local record, expires_at = KEYS[#checks + 1], tonumber(ARGV[2])
+    for i, check in ipairs(checks) do
+      if amounts[i] and lease ~= '-' and check.rule.shorten_lease then
+        check.rule.shorten_lease(KEYS[i], lease, expires_at)
+      end
+    end
+    redis.call('HSET', record, unpack(ARGV, 3))
+    for _, i in ipairs(shadows) do redis.call('HSET', record, 'untaken:' .. KEYS[i + 1], '1') end
+    redis.call('PEXPIRE', record, ttl_ms(expires_at - now))
+  end
+  if #shadows == 0 then return number(remaining) end
+  return {-1, '0', number(remaining), shadows}
 end
-return {-1, '0', number(remaining), shadows}

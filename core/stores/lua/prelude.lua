@@ -1,5 +1,6 @@
 -- Shared by every rule's Lua: constants as in core/rules.py, and helpers.
-local EPSILON, INFINITY, MAX_IDLE_SECONDS = 1e-9, math.huge, 86400
+-- 1 / 0 is math.huge: a function library runs its top level where no `math` is defined yet.
+local EPSILON, INFINITY, MAX_IDLE_SECONDS = 1e-9, 1 / 0, 86400
 local RULES = {}
 
 -- Doubles go back to Python as text with every digit, so nothing is lost on the way.
