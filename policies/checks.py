@@ -29,3 +29,22 @@ def check_policies_compile(app_configs=None, **kwargs) -> list[Error]:
                                 hint="Fix it in the admin or with `manage.py loadpolicies`.",
                                 id="policies.E001"))
     return errors
+
+
+@register("policies")
+def check_cluster_settings(app_configs=None, **kwargs) -> list[Error]:
+    """policies.E002: on a Redis Cluster (REDIS_URL=redis-cluster://...), the LIMITER_CLUSTER_*
+    settings make a store."""
+    from django.conf import settings
+
+    if not (settings.REDIS_URL or "").startswith("redis-cluster://"):
+        return []
+    from core.stores.cluster import check_options, parse_cluster_url
+
+    try:
+        parse_cluster_url(settings.REDIS_URL)
+        check_options(settings.LIMITER_CLUSTER_SHARDS, settings.LIMITER_CLUSTER_GLOBAL_MODE)
+    except ConfigError as error:
+        return [Error(f"the Redis Cluster settings cannot make a store: {error}",
+                      hint="See REDIS_URL and LIMITER_CLUSTER_* in docs/OPERATIONS.md.", id="policies.E002")]
+    return []

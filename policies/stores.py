@@ -22,7 +22,8 @@ def limiter_store() -> Store:
         return ClusterStore(url=settings.REDIS_URL, prefix=settings.LIMITER_KEY_PREFIX,
                             timeout=settings.LIMITER_STORE_TIMEOUT, batch_timeout=settings.LIMITER_BATCH_TIMEOUT,
                             shards=settings.LIMITER_CLUSTER_SHARDS, shard_by=settings.LIMITER_CLUSTER_SHARD_BY,
-                            split=settings.LIMITER_CLUSTER_SPLIT)
+                            split=settings.LIMITER_CLUSTER_SPLIT,
+                            global_mode=settings.LIMITER_CLUSTER_GLOBAL_MODE)
     if settings.REDIS_URL and "limiter" in settings.CACHES:
         from django_redis import get_redis_connection
 

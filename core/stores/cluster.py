@@ -86,14 +86,7 @@ class ClusterStore(RedisStore):
                  global_mode: str = "split", lease_fraction: float = DEFAULT_FRACTION,
                  lease_interval: float = DEFAULT_INTERVAL,
                  lease_clock: Callable[[], float] = time.monotonic) -> None:
-        if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= 16384:
-            raise ConfigError("must be a whole number from 1 to 16384", "shards")
-        if global_mode not in GLOBAL_MODES:
-            raise ConfigError(f"must be one of {', '.join(GLOBAL_MODES)}, not {global_mode!r}", "global_mode")
-        if not (isinstance(lease_fraction, (int, float)) and 0 < lease_fraction <= 1):
-            raise ConfigError("must be a number above 0 and at most 1", "lease_fraction")
-        if not (isinstance(lease_interval, (int, float)) and 0 < lease_interval <= 3600):
-            raise ConfigError("must be a number of seconds above 0 and at most 3600", "lease_interval")
+        check_options(shards, global_mode, lease_fraction, lease_interval)
         if client is None:
             client = connect_cluster(url or "", timeout)
             # Batches read their answers on connections of their own, with a longer wait.
@@ -421,19 +414,38 @@ def _shard_of_id(reservation_id: str, shards: int) -> int | None:
     return int(shard)
 
 
-def connect_cluster(url: str, timeout: float = DEFAULT_TIMEOUT,
-                    read_timeout: float | None = None) -> RedisCluster:
-    """A cluster client from `redis-cluster://host:port[,host:port...]` that gives up fast:
-    `timeout` to connect, `read_timeout` (default: `timeout`) for an answer."""
-    parts = urlsplit(url)
-    if parts.scheme != "redis-cluster" or not parts.netloc:
+def check_options(shards: Any = DEFAULT_SHARDS, global_mode: Any = "split",
+                  lease_fraction: Any = DEFAULT_FRACTION, lease_interval: Any = DEFAULT_INTERVAL) -> None:
+    """ConfigError naming the first bad option (before anything connects)."""
+    if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= 16384:
+        raise ConfigError("must be a whole number from 1 to 16384", "shards")
+    if global_mode not in GLOBAL_MODES:
+        raise ConfigError(f"must be one of {', '.join(GLOBAL_MODES)}, not {global_mode!r}", "global_mode")
+    if not (isinstance(lease_fraction, (int, float)) and 0 < lease_fraction <= 1):
+        raise ConfigError("must be a number above 0 and at most 1", "lease_fraction")
+    if not (isinstance(lease_interval, (int, float)) and 0 < lease_interval <= 3600):
+        raise ConfigError("must be a number of seconds above 0 and at most 3600", "lease_interval")
+
+
+def parse_cluster_url(url: str) -> list[tuple[str, int]]:
+    """The startup nodes of `redis-cluster://host:port[,host:port...]`; ConfigError if bad."""
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme != "redis-cluster" or not parts.netloc:
         raise ConfigError(f"expected redis-cluster://host:port[,host:port...], not {url!r}", "store")
     nodes = []
     for address in parts.netloc.split(","):
         host, _, port = address.rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"{address!r} is not host:port", "store")
-        nodes.append(ClusterNode(host, int(port)))
+        nodes.append((host, int(port)))
+    return nodes
+
+
+def connect_cluster(url: str, timeout: float = DEFAULT_TIMEOUT,
+                    read_timeout: float | None = None) -> RedisCluster:
+    """A cluster client from `redis-cluster://host:port[,host:port...]` that gives up fast:
+    `timeout` to connect, `read_timeout` (default: `timeout`) for an answer."""
+    nodes = [ClusterNode(host, port) for host, port in parse_cluster_url(url)]
     return RedisCluster(startup_nodes=nodes, socket_timeout=read_timeout or timeout,
                         socket_connect_timeout=timeout,
                         retry=Retry(NoBackoff(), 0), max_connections=MAX_CONNECTIONS,
