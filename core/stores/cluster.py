@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import AskError, MovedError, NoScriptError, RedisError
 from redis.retry import Retry
 
 from ..decision import Decision
@@ -330,7 +330,7 @@ class ClusterStore(RedisStore):
                     answers[i] = reply
                     if isinstance(reply, NoScriptError):
                         again.append(i)
-                    elif isinstance(reply, ResponseError) and str(reply).startswith(("MOVED", "ASK")):
+                    elif isinstance(reply, (MovedError, AskError)):
                         moved.append(i)
             for i in moved:
                 try:

@@ -112,3 +112,65 @@ def test_killing_a_primary_under_load_fails_no_request_and_decisions_resume_afte
     # A replica took over and the decisions on those shards are back on Redis.
     assert back is not None and back - killed <= FAILOVER_WITHIN
     assert not any(a.body["degraded"] for a in answers if a.started > killed + FAILOVER_WITHIN)
+
+
+# --- a slot moved while decisions run: ASK during the move, MOVED after it -------------------
+
+def node_id(node) -> str:
+    client = node.client()
+    try:
+        return client.execute_command("CLUSTER", "MYID").decode()
+    finally:
+        client.close()
+
+
+def test_a_slot_moved_mid_run_is_followed_and_counts_each_decision_once(disposable_redis_cluster):
+    from core import HierarchicalLimiter, acquire_batch
+    from core.stores.cluster import ClusterStore
+
+    cluster = disposable_redis_cluster
+    store = ClusterStore(url=cluster.url, timeout=1.0)
+    limiter = HierarchicalLimiter.from_config(
+        {"user": [UNLIMITED], "team": [{"type": "token_bucket", "capacity": 60, "per_second": 0}]}, store=store)
+    keys = {"user": "u1", "team": "acme"}
+    slot = key_slot(limiter._plan(keys, None).store_plan.keys[0].encode())
+    primaries = cluster.primaries()
+    # The node that holds the slot, and another primary to move it to.
+    probe = RedisCluster(host="127.0.0.1", port=primaries[0].port)
+    source_port = probe.get_node_from_key(limiter._plan(keys, None).store_plan.keys[0]).port
+    probe.close()
+    source = next(n for n in primaries if n.port == source_port)
+    target = next(n for n in primaries if n.port != source_port)
+    source_id, target_id = node_id(source), node_id(target)
+
+    def run(count):
+        decisions = [limiter.acquire(keys) for _ in range(count)]
+        assert not any(d.degraded for d in decisions), [d for d in decisions if d.degraded][:1]
+        return sum(d.allowed for d in decisions)
+
+    admitted = run(20)  # on the source
+    src, dst = source.client(), target.client()
+    try:
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        admitted += run(10)  # the keys are still on the source
+        names = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *names)
+        # Migrated, slot not yet handed over: the source answers ASK, the client follows it.
+        admitted += run(10)
+        for node in primaries:
+            client = node.client()
+            client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+            client.close()
+        # Handed over: the client's map is stale, the source answers MOVED; single and batched.
+        admitted += run(10)
+        batch = acquire_batch([(limiter, keys, 1, None)] * 30)
+        assert not any(d.degraded for d in batch)
+        admitted += sum(d.allowed for d in batch)
+    finally:
+        src.close()
+        dst.close()
+    assert admitted == 60  # 80 asked, the team's 60 admitted: none lost, none counted twice
+    assert limiter.acquire(keys).allowed is False
+    assert limiter.inspect("team", "acme")[0]["state"]["tokens"] == 0
+    store.close()
