@@ -311,7 +311,7 @@ def test_a_batch_on_redis_is_one_round_trip(seed_api, decide_client, redis_store
 
     def counters():
         stats = observer.info("stats")
-        return (observer.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0),
+        return (observer.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0),
                 stats["total_reads_processed"])
 
     scripts, reads = counters()
