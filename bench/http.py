@@ -564,11 +564,9 @@ def profile_child(n: int) -> None:
 
 
 def ablations() -> dict[str, list[tuple[object, dict]]]:
-    """name -> the (object, {attribute: stand-in}) patches that take one step out of
-    DecisionView.post (or DRF's part of it): the view answers as before, minus that work."""
-    from rest_framework.parsers import BaseParser
-    from rest_framework.permissions import AllowAny
-
+    """name -> the (object, {attribute: stand-in}) patches that take one step out of a
+    decision on the lean path (GatewayView.dispatch, DecisionView.post): the view answers as
+    before, minus that work. `DRF_PATH` is the same decision through DRF's own dispatch."""
     from core import HierarchicalLimiter
     from policies.api import decisions
     from policies.compile import TENANT_LEVEL
@@ -579,12 +577,7 @@ def ablations() -> dict[str, list[tuple[object, dict]]]:
     limiter = cache.limiter_for(some_keys[TENANT_LEVEL])
     fixed = limiter.acquire(some_keys)
     asked = decisions.parse_decision({"keys": some_keys}, policy)
-
-    class ReadNothing(BaseParser):
-        media_type = "application/json"
-
-        def parse(self, stream, media_type=None, parser_context=None):
-            return {"keys": some_keys}
+    identity = decisions.bearer_identity(f"Bearer {os.environ['BENCH_TOKEN']}")
 
     class Cached:
         def current(self):
@@ -595,9 +588,9 @@ def ablations() -> dict[str, list[tuple[object, dict]]]:
 
     view = decisions.DecisionView
     steps = {
-        "token authentication + CanDecide": [(view, {"authentication_classes": (),
-                                                     "permission_classes": (AllowAny,)})],
-        "body: read + json.loads (DRF JSONParser)": [(view, {"parser_classes": (ReadNothing,)})],
+        "token authentication + CanDecide": [(decisions, {"bearer_identity": lambda header: identity}),
+                                             (view, {"permission_classes": ()})],
+        "body: read + json.loads (read_json)": [(decisions, {"read_json": lambda request: {"keys": some_keys}})],
         "parse_decision": [(decisions, {"parse_decision": lambda data, p: asked})],
         "policy cache: current() + limiter_for()": [(decisions, {"policy_cache": Cached})],
         "limiter.acquire: plan + EVALSHA round trip": [
@@ -606,9 +599,11 @@ def ablations() -> dict[str, list[tuple[object, dict]]]:
         "RateLimit headers (decision_headers)": [(decisions, {"decision_headers": lambda *a: {}})],
     }
     steps["all of the above"] = [patch for patches in steps.values() for patch in patches]
+    steps[DRF_PATH] = [(decisions.GatewayView, {"_takes_lean_path": lambda self, request, kwargs: False})]
     return steps
 
 
+DRF_PATH = "decision through DRF's dispatch (the lean path off)"
 _MISSING = object()
 
 
@@ -676,12 +671,12 @@ def alone(step, between, n: int) -> tuple[float, float]:
 def print_ablations(whole: dict, batch: tuple[float, float], scale: list) -> None:
     bare, decision = whole["bare"], whole["decision"]
     print(f"{'whole request in Django (median of interleaved chunks)':58} {'CPU us':>7} {'wall us':>8}")
-    for name, (cpu, wall) in (("bare view", bare), ("decision", decision),
-                              ("batch of 100, per decision", batch)):
+    for name, (cpu, wall) in (("bare view", bare), ("decision (the lean path)", decision),
+                              (DRF_PATH, whole[DRF_PATH]), ("batch of 100, per decision", batch)):
         print(f"  {name:56} {cpu:7.1f} {wall:8.1f}")
     print(f"{'a decision without ... (saving = that step in place)':58} {'CPU us':>7} {'wall us':>8}")
     for name, (cpu, wall) in whole.items():
-        if name not in ("bare", "decision"):
+        if name not in ("bare", "decision", DRF_PATH):
             print(f"  {name:56} {decision[0] - cpu:7.1f} {decision[1] - wall:8.1f}")
     print("for scale, on their own:")
     for name, cpu, wall in scale:

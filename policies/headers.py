@@ -51,24 +51,45 @@ def ratelimit_headers(decision: Decision, quota: float | None, window: float | N
     """`RateLimit-Policy` and `RateLimit` for one decision under one policy (see the module)."""
     item = sf_string(name)
     headers = {}
-    quota_units = None
-    if quota is not None and math.isfinite(quota):
-        quota_units = _whole(math.floor(quota))
-        policy = f"{item};q={quota_units}"
-        if window is not None and math.isfinite(window) and window > 0:
-            policy += f";w={max(1, _whole(math.ceil(window - ROUNDING_SLACK)))}"
-        headers["RateLimit-Policy"] = policy
+    units = quota_units(quota)
+    if units is not None:
+        headers["RateLimit-Policy"] = policy_item(item, units, window)
+    limit = limit_item(decision, item, units)
+    if limit is not None:
+        headers["RateLimit"] = limit
+    return headers
+
+
+# The pieces of `ratelimit_headers`, for callers that work out a policy's items once and
+# answer many decisions under it (policies.api.answers): `item` is already an sf-string.
+
+
+def quota_units(quota: float | None) -> int | None:
+    """`q`: the quota rounded down, never negative; None when there is no finite quota."""
+    if quota is None or not math.isfinite(quota):
+        return None
+    return _whole(math.floor(quota))
+
+
+def policy_item(item: str, units: int, window: float | None) -> str:
+    """One `RateLimit-Policy` item: `q`, then `w` when the window is finite and positive."""
+    policy = f"{item};q={units}"
+    if window is not None and math.isfinite(window) and window > 0:
+        policy += f";w={max(1, _whole(math.ceil(window - ROUNDING_SLACK)))}"
+    return policy
+
+
+def limit_item(decision: Decision, item: str, units: int | None) -> str | None:
+    """The `RateLimit` item of one decision; None when it is allowed with no bound."""
     remaining = decision.remaining
     if math.isinf(remaining) and decision.allowed:
-        return headers
-    if quota_units is not None:
-        remaining = min(remaining, quota_units)
+        return None
+    if units is not None:
+        remaining = min(remaining, units)
     left = _whole(math.floor(remaining)) if math.isfinite(remaining) else 0
-    limit = f"{item};r={left}"
     if not decision.allowed and math.isfinite(decision.retry_after):
-        limit += f";t={retry_after_header(decision.retry_after)}"
-    headers["RateLimit"] = limit
-    return headers
+        return f"{item};r={left};t={retry_after_header(decision.retry_after)}"
+    return f"{item};r={left}"
 
 
 def retry_after_header(seconds: float) -> str:

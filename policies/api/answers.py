@@ -19,8 +19,7 @@ import math
 from typing import Mapping
 
 from core import Decision, HierarchicalLimiter
-from core.decision import allowed
-from policies.headers import ratelimit_headers, retry_after_header, rule_quota
+from policies.headers import limit_item, policy_item, quota_units, retry_after_header, rule_quota, sf_string
 
 
 def json_number(value: float) -> float | None:
@@ -48,16 +47,17 @@ def explain_rows(rows: list[dict]) -> list[dict]:
 
 
 class _HeaderPlan:
-    """The policy items of one limiter and set of levels, worked out once."""
+    """The policy items of one limiter and set of levels, worked out once: the whole
+    `RateLimit-Policy` value, and for each rule its sf-string item and `q`, so that a
+    decision's `RateLimit` is one f-string (the header fields of policies.headers, exactly)."""
 
     __slots__ = ("policy", "items", "smallest")
 
     def __init__(self, items: list[tuple[str, str, float, float | None]]) -> None:
-        self.policy = ", ".join(ratelimit_headers(allowed(math.inf), q, w, item)["RateLimit-Policy"]
-                                for item, _, q, w in items)
-        self.items = {name: (item, q, w) for item, name, q, w in items}
+        self.policy = ", ".join(policy_item(sf_string(item), quota_units(q), w) for item, _, q, w in items)
+        self.items = {name: (sf_string(item), quota_units(q)) for item, name, q, w in items}
         smallest = min(items, key=lambda i: i[2]) if items else None
-        self.smallest = (smallest[0], smallest[2], smallest[3]) if smallest else None
+        self.smallest = (sf_string(smallest[0]), quota_units(smallest[2])) if smallest else None
 
 
 def _header_plan(limiter: HierarchicalLimiter, levels: tuple[str, ...]) -> _HeaderPlan:
@@ -82,9 +82,11 @@ def decision_headers(limiter: HierarchicalLimiter, keys: Mapping[str, str], deci
     plan = _header_plan(limiter, tuple(keys))
     headers = {}
     if plan.smallest is not None:
-        item, quota, window = plan.items.get(decision.blocked_by) or plan.smallest
-        headers = ratelimit_headers(decision, quota, window, item)
+        item, units = plan.items.get(decision.blocked_by) or plan.smallest
         headers["RateLimit-Policy"] = plan.policy
+        limit = limit_item(decision, item, units)
+        if limit is not None:
+            headers["RateLimit"] = limit
     if not decision.allowed and math.isfinite(decision.retry_after):
         headers["Retry-After"] = retry_after_header(decision.retry_after)
     return headers

@@ -35,28 +35,39 @@ class TokenUser:
         return self.username
 
 
+BEARER_CHALLENGE = 'Bearer realm="limiter"'
+# The scopes that may ask for decisions, batches and reservations.
+DECIDING_SCOPES = ("decide", "admin")
+
+
+def bearer_identity(header: str) -> TokenIdentity | None:
+    """The identity of an `Authorization: Bearer la_...` header; None when the header names
+    no Bearer token (another scheme, or none); AuthenticationFailed for a bad token."""
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    token = token.strip()
+    if not token or " " in token:
+        raise exceptions.AuthenticationFailed("malformed Bearer token")
+    identity = find_token(token)
+    if identity is None:
+        raise exceptions.AuthenticationFailed("unknown or revoked token")
+    return identity
+
+
 class ServiceTokenAuthentication(authentication.BaseAuthentication):
     """`Authorization: Bearer la_...`; `request.auth` is the token's TokenIdentity."""
 
     keyword = "Bearer"
 
     def authenticate(self, request):
-        header = request.META.get("HTTP_AUTHORIZATION", "")
-        if not header:
-            return None
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer":
-            return None
-        token = token.strip()
-        if not token or " " in token:
-            raise exceptions.AuthenticationFailed("malformed Bearer token")
-        identity = find_token(token)
-        if identity is None:
-            raise exceptions.AuthenticationFailed("unknown or revoked token")
-        return TokenUser(identity), identity
+        identity = bearer_identity(request.META.get("HTTP_AUTHORIZATION", ""))
+        return None if identity is None else (TokenUser(identity), identity)
 
     def authenticate_header(self, request):
-        return 'Bearer realm="limiter"'
+        return BEARER_CHALLENGE
 
 
 def _scope(request) -> str | None:
@@ -75,7 +86,7 @@ class CanDecide(permissions.BasePermission):
     message = "this call needs a decide or admin token, or an operator's session"
 
     def has_permission(self, request, view):
-        return _scope(request) in ("decide", "admin")
+        return _scope(request) in DECIDING_SCOPES
 
 
 class IsOperator(permissions.BasePermission):
