@@ -7,7 +7,7 @@ token bucket each, one FCALL), side by side against one redis-server in one proc
   store uses (`core.stores.redis.connect`): one round trip through redis-py's full command
   path, the floor the targets are set against;
 - the same INCRBY as a function, called with FCALL packed in advance on the store's held
-  connections (`core.stores.redis.held_connections`): one round trip by the path our store
+  connections (`core.stores.connections.held_connections`): one round trip by the path our store
   takes, the floor of that path.
 
 Then the Redis memory per key: `INFO memory` used_memory before and after 100,000 keys made
@@ -45,7 +45,8 @@ from limits import parse, strategies  # noqa: E402
 from limits.storage import RedisStorage  # noqa: E402
 
 from core import HierarchicalLimiter  # noqa: E402
-from core.stores.redis import RedisError, RedisStore, connect, held_connections  # noqa: E402
+from core.stores.connections import held_connections  # noqa: E402
+from core.stores.redis import RedisError, RedisStore, connect  # noqa: E402
 
 USERS, TEAMS = 1000, 50
 LIMITS = {"user": (100, 50), "team": (2000, 1000), "global": (1_000_000, 100_000)}
@@ -179,6 +180,7 @@ def raw_fcall(url: str) -> Callable[[list[dict]], tuple[float, int]]:
         for command in commands:
             call(command)
         return time.perf_counter() - start, len(commands)
+    run.client = client  # the held connections refer to its pool weakly: keep it alive
     return run
 
 

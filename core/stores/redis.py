@@ -9,11 +9,12 @@ The clock is the Redis server's `TIME` unless one is injected, so machines with 
 clocks agree. Every key has a prefix, a `{level:key}` hash tag and a TTL.
 
 The Lua is a Redis 7 function library, loaded once (`FUNCTION LOAD`) and called with `FCALL`
-on connections this store keeps (see `HeldConnections`); its name carries a hash of its
-source, so deployments of different code share a Redis without calling each other's. A
+packed in advance on connections held per pool (connections.py); its name carries a hash of
+its source, so deployments of different code share a Redis without calling each other's. A
 server that lost it (a restart without persistence, `FUNCTION FLUSH`) answers that the
 function is not found, without running anything: the store loads it and calls again. A
-Redis older than 7 gets the same Lua as a script (EVALSHA, reloaded after NOSCRIPT).
+Redis older than 7 gets the same Lua as a script (EVALSHA, reloaded after NOSCRIPT), and so
+does a client that is not a plain redis-py one (the cluster's).
 
 When Redis cannot be reached, calls fail within the socket timeouts (50 ms by default) and
 raise StoreUnavailable; the limiter then applies each level's fail mode. A circuit breaker
@@ -27,11 +28,9 @@ import hashlib
 import itertools
 import json
 import math
-import os
 import random
 import threading
 import time
-import weakref
 import zlib
 from collections import deque
 from pathlib import Path
@@ -50,6 +49,7 @@ from ..reservations import CANCELLED, COMMITTED, OPEN
 from ..rules import Rule
 from ..windows import FixedWindow, SlidingWindowCounter, SlidingWindowLog
 from .base import Check, Outcome, Store
+from .connections import bulk, held_connections
 from .memory import MemoryStore
 
 LUA_DIR = Path(__file__).parent / "lua"
@@ -76,8 +76,6 @@ BATCH_TIMEOUT = 1.0
 MAX_CONNECTIONS = 10_000
 # How long an optimistic decision keeps trying while other clients keep changing its keys.
 OPTIMISTIC_DEADLINE = 1.0
-# A held connection idle for longer than this is checked before use (see HeldConnections).
-IDLE_CHECK = 0.001
 NO_SHADOWS: tuple = ()
 
 
@@ -138,93 +136,6 @@ class CircuitBreaker:
             self.open_until = now + self.backoff
 
 
-class HeldConnections:
-    """Connections taken from a redis-py pool once and kept for script calls, which send a
-    command packed in advance and read its reply on one of them. One per pool, shared by
-    every store on it (`held_connections`): it holds as many connections as calls were
-    ever made at once, whatever the number of stores.
-
-    redis-py 8.1 spends about 20 us around every command: the pool's checkout and release
-    (a lock, a poll of the socket, telemetry hooks), the retry wrapper, the encoder. Here a
-    call costs a deque pop and append. What the pool's poll was for, a connection the
-    server closed while it sat idle (a restart, `CLIENT KILL`), is checked only for one idle
-    longer than IDLE_CHECK: one closed in the last millisecond before its use fails that one
-    call, which then gets its fail mode, as a connection closed during the call always did.
-    """
-
-    def __init__(self, pool: redis.ConnectionPool) -> None:
-        self.pool = weakref.ref(pool)  # the pool's entry in _HELD must not keep it alive
-        self.idle: deque = deque()  # (connection, when it went idle), the latest last
-
-    def call(self, command: bytes) -> Any:
-        """Send `command` (RESP, packed) and read its reply; raise what redis-py raises."""
-        try:
-            connection, since = self.idle.pop()
-        except IndexError:
-            connection, since = self.pool().get_connection(), None
-        try:
-            if since is not None and time.monotonic() - since > IDLE_CHECK:
-                _make_ready(connection)
-            connection.send_packed_command((command,))
-            return connection.read_response()
-        except ResponseError:
-            raise  # a whole reply was read: the connection is ready for the next call
-        except BaseException:
-            # Whatever stopped us (redis-py has disconnected on its own errors), a reply
-            # to this command may still come: it must never be read as another's answer.
-            connection.disconnect()
-            raise
-        finally:
-            self.idle.append((connection, time.monotonic()))
-
-    def close(self) -> None:
-        """Give the idle connections back to the pool."""
-        pool = self.pool()
-        while self.idle:
-            connection = self.idle.pop()[0]
-            if pool is not None:
-                pool.release(connection)
-
-
-def _make_ready(connection: Any) -> None:
-    """Reconnect a connection that the server closed, or that holds data nobody asked for."""
-    try:
-        if not connection.can_read():
-            return
-    except (RedisError, OSError):
-        pass
-    connection.disconnect()
-    connection.connect()
-
-
-# The HeldConnections of each pool of this process.
-_HELD: "weakref.WeakKeyDictionary[Any, HeldConnections]" = weakref.WeakKeyDictionary()
-_HELD_LOCK = threading.Lock()
-
-
-def held_connections(pool: redis.ConnectionPool) -> HeldConnections:
-    """The HeldConnections of `pool`, made on first use."""
-    with _HELD_LOCK:
-        held = _HELD.get(pool)
-        if held is None:
-            held = _HELD[pool] = HeldConnections(pool)
-        return held
-
-
-def _forget_held_connections() -> None:
-    """In a child process: its parent's sockets are not ours to use."""
-    for held in list(_HELD.values()):
-        held.idle.clear()  # dropping them closes only the child's copy
-
-
-os.register_at_fork(after_in_child=_forget_held_connections)
-
-
-def _bulk(data: bytes) -> bytes:
-    """One RESP bulk string."""
-    return b"$%d\r\n%s\r\n" % (len(data), data)
-
-
 class RedisPlan:
     """One key set, resolved: key names, the rules as the script reads them (`spec`), and
     whether a plug-in rule with no Lua twin sends it down the optimistic path."""
@@ -262,8 +173,8 @@ class RedisStore(Store):
         digest = hashlib.sha1(lua_body().encode()).hexdigest()[:16]
         self.library, self.function = f"limiter_admin_{digest}", f"limiter_admin_decide_{digest}"
         self.library_source = lua_library(self.library, self.function)
-        self._fcall_head = _bulk(b"FCALL") + _bulk(self.function.encode())
-        self._evalsha_head = _bulk(b"EVALSHA") + _bulk(self.sha.encode())
+        self._fcall_head = bulk(b"FCALL") + bulk(self.function.encode())
+        self._evalsha_head = bulk(b"EVALSHA") + bulk(self.sha.encode())
         # FCALL until the server says it has no such command (Redis 6): then EVALSHA.
         self._head = self._fcall_head
         # A plain client's calls go out on held connections; another kind of client (a
@@ -597,7 +508,7 @@ class RedisStore(Store):
         a client that is not a plain one, EVALSHA through its own method."""
         if self._held is None:
             return self._evalsha(*keys, *args, keys=len(keys))
-        return self._fcall(keys, b"".join(_bulk(arg.encode()) for arg in args), len(args), {})
+        return self._fcall(keys, b"".join(bulk(arg.encode()) for arg in args), len(args), {})
 
     def _fcall(self, keys: Sequence[str], tail: bytes, count: int, packed: dict) -> Any:
         """Send the command: the head (FCALL and the function, or EVALSHA and the sha),
@@ -610,8 +521,8 @@ class RedisStore(Store):
             start = packed.get(head)
             if start is None:
                 start = packed[head] = (b"*%d\r\n" % (3 + len(keys) + count) + head
-                                        + _bulk(b"%d" % len(keys))
-                                        + b"".join(_bulk(key.encode()) for key in keys))
+                                        + bulk(b"%d" % len(keys))
+                                        + b"".join(bulk(key.encode()) for key in keys))
             try:
                 return self._held.call(start + tail)
             except ResponseError as error:
@@ -771,6 +682,5 @@ def _base36(number: int) -> str:
             return out
 
 
-__all__ = ["CircuitBreaker", "HeldConnections", "RedisStore", "connect", "decode", "decode_record",
-           "held_connections", "lua_body", "lua_library", "lua_source", "outcome_of", "record_fields",
-           "write"]
+__all__ = ["CircuitBreaker", "RedisStore", "connect", "decode", "decode_record", "lua_body",
+           "lua_library", "lua_source", "outcome_of", "record_fields", "write"]

@@ -14,8 +14,10 @@ import time
 from collections import Counter
 
 import pytest
+import redis
 
 from core import (RULES, HierarchicalLimiter, ManualClock, store_from_url)
+from core.stores.connections import IDLE_CHECK, HeldConnections
 from core.stores.redis import RedisStore, lua_body, lua_source
 
 from .helpers import (concurrency, fixed_window, gcra, register_lifetime_quota, sliding_window,
@@ -321,6 +323,57 @@ def test_losing_the_lua_under_a_flood_of_threads_counts_every_admitted_request_o
     assert all(d.allowed and not d.degraded for d in decisions)
     assert state_of(limiter, "user", "u")["tokens"] == 1000 - 320
     assert state_of(limiter, "team", "t")["entries"] == 320
+
+
+# --- held connections ------------------------------------------------------------------------
+
+PING = b"*1\r\n$4\r\nPING\r\n"
+
+
+def test_a_held_connection_the_server_closed_while_it_sat_idle_is_opened_again_before_use(
+        redis_url, redis_server):
+    clock = ManualClock()
+    client = redis.Redis.from_url(redis_url)
+    held = HeldConnections(client.connection_pool, clock=clock)
+    assert held.call(PING) == b"PONG"
+    assert redis_server.client().client_kill_filter(_type="normal", skipme=True) >= 1
+    clock.advance(IDLE_CHECK * 2)
+    assert held.call(PING) == b"PONG"
+    assert len(held.idle) == 1  # the same connection, connected again
+    client.close()
+
+
+def test_stores_on_one_client_share_its_held_connections(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    stores = [RedisStore(client=client, prefix=f"share{i}") for i in range(50)]
+    for store in stores:
+        limiter = HierarchicalLimiter.from_config({"user": [token_bucket(1, 0)]}, store=store)
+        assert limiter.acquire({"user": "u"}).allowed
+    assert stores[0]._held is stores[-1]._held
+    assert len(stores[0]._held.idle) == 1  # one call at a time: one connection
+    client.close()
+
+
+def decide_in_a_child(limiter, results):
+    results.put([limiter.acquire({"user": "u"}) for _ in range(3)])
+    held = limiter.store._held
+    results.put(held.idle[-1][0]._sock.getsockname())
+
+
+def test_a_forked_child_decides_on_connections_of_its_own_and_nothing_is_lost(redis_url):
+    limiter = redis_limiter(redis_url, {"user": [token_bucket(10, 0)]}, "fork")
+    assert limiter.acquire({"user": "u"}).allowed  # the parent holds a connection now
+    parents = limiter.store._held.idle[-1][0]._sock.getsockname()
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=decide_in_a_child, args=(limiter, results))
+    child.start()
+    in_child, childs = results.get(timeout=30), results.get(timeout=30)
+    child.join(30)
+    in_parent = [limiter.acquire({"user": "u"}) for _ in range(3)]
+    assert childs != parents  # the child never wrote on its parent's socket
+    assert all(d.allowed and not d.degraded for d in in_child + in_parent)
+    assert state_of(limiter, "user", "u")["tokens"] == 10 - 7
 
 
 # --- keys: names, hash tags, expiry ---------------------------------------------------------

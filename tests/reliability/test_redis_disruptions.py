@@ -1,6 +1,7 @@
-"""Redis loses its scripts (`SCRIPT FLUSH`) or the service's connections (`CLIENT KILL TYPE
-normal`, from a client of the test's own) every 50 ms while gunicorn serves 300 decisions a
-second: no request fails and nothing is counted twice.
+"""Redis loses its scripts and functions (`FUNCTION FLUSH` and `SCRIPT FLUSH`) or the
+service's connections (`CLIENT KILL TYPE normal`, from a client of the test's own) every
+50 ms while gunicorn serves 300 decisions a second: no request fails and nothing is counted
+twice.
 
 Counting is exact, not estimated. The team has a bucket of 1,000 that never refills, and
 every request names a user key of its own whose bucket holds 2: a decision that ran takes
@@ -8,9 +9,11 @@ one from both, atomically, so after the load each user bucket says whether its r
 counted (1 taken), not counted (0), or counted twice (2: never). The team's 1,000 must be
 exactly the requests counted.
 
-`SCRIPT FLUSH` costs nothing: a `NOSCRIPT` answer means the script did not run, so the store
-loads it and sends again. `CLIENT KILL` may close a connection while a decision is on it.
-Redis runs a script whole or not at all, but the client cannot tell which when the reply
+A flush costs nothing: "Function not found" (or `NOSCRIPT`, on a Redis without functions)
+means nothing ran, so the store loads its library and sends again. A connection killed while
+it sat idle is found closed before its next call (the store checks one idle for over a
+millisecond) and opened again. `CLIENT KILL` may also close a connection while a decision is
+on it. Redis runs a script whole or not at all, but the client cannot tell which when the reply
 is lost, so the store never sends it again (that could count it twice): the request is
 decided by its fail mode (`degraded: true`; the team here fails closed, so it is denied).
 Such a request may have been counted: the tokens it took are lost to the caller, never
@@ -51,7 +54,7 @@ def taken_per_request(url: str, count: int) -> list[float]:
         store.close()
 
 
-@pytest.mark.parametrize("disruption", ["SCRIPT FLUSH", "CLIENT KILL", "both"])
+@pytest.mark.parametrize("disruption", ["FLUSH", "CLIENT KILL", "both"])
 def test_redis_losing_scripts_or_connections_under_load_fails_nothing_and_counts_nothing_twice(
         disposable_redis, disruption):
     from tests.serving import Service
@@ -62,7 +65,8 @@ def test_redis_losing_scripts_or_connections_under_load_fails_nothing_and_counts
         warm(service)
         load = Load(service, request_for, rate=RATE, duration=DURATION).start()
         while load.now() < DISRUPT_UNTIL:
-            if disruption in ("SCRIPT FLUSH", "both"):
+            if disruption in ("FLUSH", "both"):
+                admin.function_flush("SYNC")
                 admin.script_flush()
                 flushes += 1
             if disruption in ("CLIENT KILL", "both"):
@@ -86,10 +90,10 @@ def test_redis_losing_scripts_or_connections_under_load_fails_nothing_and_counts
     assert all(taken[a.index] == 1 for a in allowed)
     assert all(taken[a.index] == 0 for a in answers if not a.body["allowed"] and not a.body["degraded"])
     assert len(allowed) + len(lost) == TEAM_CAPACITY
-    if disruption == "SCRIPT FLUSH":
-        # A flush never costs a decision: NOSCRIPT is answered by loading the script again
-        # (were it not, each of the 90 flushes would cost each worker a decision). Only a
-        # busy host's missed timeout may, now and then (CI's two cores).
+    if disruption == "FLUSH":
+        # A flush never costs a decision: "Function not found" is answered by loading the
+        # library again (were it not, each of the 90 flushes would cost each worker a
+        # decision). Only a busy host's missed timeout may, now and then (CI's two cores).
         assert len(degraded) <= 5, [(a.took, a.body) for a in degraded]
     else:
         assert kills > 0
