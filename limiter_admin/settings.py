@@ -202,6 +202,13 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # The schema tells the truth about requests: unknown fields are refused, and names that
+    # only the database knows (levels, tiers, priority classes) are listed as configured now.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "policies.api.schema_hooks.strict_request_bodies",
+        "policies.api.schema_hooks.live_policy_names",
+    ],
 }
 
 # Security (docs/SECURITY.md). Django's defaults already hold here and are stated so that

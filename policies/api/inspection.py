@@ -22,10 +22,32 @@ from .auth import IsOperator
 from .errors import invalid
 from .observe import denial_stats
 from .requests import MAX_KEY_LENGTH
+from .schema_hooks import names_of
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_WINDOW = 86_400
 MAX_TOP = 100
+
+
+def whole_numbers_up_to(high: int) -> str:
+    """A regular expression for the whole numbers 1 to `high`, written without leading zeros:
+    1 to 24 is `[1-9]|1[0-9]|2[0-4]`."""
+    digits = str(high)
+    shorter = len(digits) - 2  # how many more digits a number shorter than `high` may have
+    options = [f"[1-9][0-9]{{0,{shorter}}}" if shorter > 0 else "[1-9]"] if len(digits) > 1 else []
+    for i, digit in enumerate(map(int, digits)):
+        low = 1 if i == 0 else 0
+        if digit > low:  # `high`'s first i digits, then a smaller digit, then any digits
+            rest = len(digits) - i - 1
+            smaller = f"[{low}-{digit - 1}]" if digit - 1 > low else str(low)
+            options.append(digits[:i] + smaller + ("" if rest == 0 else "[0-9]" if rest == 1 else f"[0-9]{{{rest}}}"))
+    return "|".join([*options, digits])
+
+
+# 1 s to 24 h, in whole seconds, minutes, hours or days: the schema states it as this
+# pattern, and `parse_window` reads it with the same one.
+WINDOW_PATTERN = "|".join(f"(?:{whole_numbers_up_to(MAX_WINDOW // _UNITS[unit])}){unit}{'?' if unit == 's' else ''}"
+                          for unit in "smhd")
 
 
 def json_safe(value: Any) -> Any:
@@ -74,11 +96,10 @@ def bucket_report(level: str, key: str, team: str | None = None) -> dict:
 
 def parse_window(value: Any) -> int:
     """`300`, `300s`, `5m`, `1h` or `24h`: seconds, 1 to 86,400."""
-    match = re.fullmatch(r"\s*(\d{1,6})\s*([smhd]?)\s*", str(value or "")) if value is not None else None
-    seconds = int(match.group(1)) * _UNITS[match.group(2)] if match else 0
-    if not 0 < seconds <= MAX_WINDOW:
+    if not isinstance(value, str) or not re.fullmatch(WINDOW_PATTERN, value):
         raise invalid("window", f"must be a duration from 1s to 24h, like 300, 5m or 1h; got {value!r}")
-    return seconds
+    number, unit = re.fullmatch(r"([0-9]+)([smhd]?)", value).groups()
+    return int(number) * _UNITS[unit]
 
 
 def blocked_report(window: int, top: int = 10) -> dict:
@@ -88,8 +109,10 @@ def blocked_report(window: int, top: int = 10) -> dict:
 class BucketsView(APIView):
     permission_classes = [IsOperator]
 
-    @extend_schema(parameters=[OpenApiParameter("level", str, required=True, description="A configured level."),
-                               OpenApiParameter("key", str, required=True, description="The key at that level."),
+    @extend_schema(parameters=[OpenApiParameter("level", names_of("level"), required=True,
+                                                description="A configured level."),
+                               OpenApiParameter("key", {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH},
+                                                required=True, description="The key at that level."),
                                OpenApiParameter("team", str, description="For user keys: the team whose tier applies "
                                                                          "(default: the default tier).")],
                    responses={200: OpenApiTypes.OBJECT, **schemas.ERRORS}, tags=["observe"],
@@ -106,7 +129,8 @@ class BucketsView(APIView):
 class BlockedStatsView(APIView):
     permission_classes = [IsOperator]
 
-    @extend_schema(parameters=[OpenApiParameter("window", str, description="5m, 1h, 24h or seconds (default 1h)."),
+    @extend_schema(parameters=[OpenApiParameter("window", {"type": "string", "pattern": f"^(?:{WINDOW_PATTERN})$"},
+                                                description="1s to 24h: 5m, 1h, 24h or seconds (default 1h)."),
                                OpenApiParameter("top", {"type": "integer", "minimum": 1, "maximum": MAX_TOP},
                                                 description=f"Most throttled keys per level (1-{MAX_TOP}, "
                                                             f"default 10).")],
@@ -115,6 +139,6 @@ class BlockedStatsView(APIView):
     def get(self, request):
         window = parse_window(request.query_params.get("window", "1h"))
         top = request.query_params.get("top", "10")
-        if not top.isdigit() or not 1 <= int(top) <= MAX_TOP:
+        if not top.isascii() or not top.isdigit() or not 1 <= int(top) <= MAX_TOP:  # not "²" or "٣"
             raise invalid("top", f"must be a whole number from 1 to {MAX_TOP}")
         return Response(blocked_report(window, int(top)))

@@ -23,18 +23,21 @@ from typing import Any, Mapping
 
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
-from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from django.core.validators import MaxValueValidator, RegexValidator
+from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
 from drf_spectacular.plumbing import ResolvedComponent
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core import RULES, ConfigError
 from core.rules import build_rule
 from policies.admin import check_with_global_rules
-from policies.models import Level, PriorityClass, Rule, Tenant, Tier
+from policies.models import NAME_VALIDATOR, Level, PriorityClass, Rule, Tenant, Tier
 # The policy file's mapping of a rule spec onto a Rule row, so that the two never differ.
 from policies.policyfile import _rule_fields as rule_fields
 
 from .errors import conflict
+from .schema_hooks import keyed_by_level, names_of
 
 VERSION_HELP = ("Optimistic lock: the version you read. Required by PUT and PATCH (409 if the row changed "
                 "since); set by the server, so leave it out when creating.")
@@ -79,7 +82,14 @@ def rules_by_level(rules) -> dict[str, list[dict]]:
 class RuleMapField(serializers.Field):
     """Rule specs by level name. Reads as `{level: [spec, ...]}`; each spec is built by the
     engine and checked by the Rule model. The value is `{level: [unsaved Rule rows]}`; a
-    level given `null` or `[]` has no rules (on PATCH: its rules are removed)."""
+    level given `null` or `[]` has no rules (on PATCH: its rules are removed).
+
+    `allow_empty=False`: the owner needs a rule somewhere. Its serializer checks that on the
+    rules it will have (on PATCH, with those it keeps); the schema states it for POST and PUT."""
+
+    def __init__(self, allow_empty: bool = True, **kwargs):
+        self.allow_empty = allow_empty
+        super().__init__(**kwargs)
 
     def to_representation(self, rules):
         return rules_by_level(rules.all())  # the views prefetch rules__level
@@ -124,10 +134,28 @@ def merged_rules(current, given: dict[str, list[Rule]] | None, partial: bool) ->
 
 def check_rules(rules: dict[str, list[Rule]], field: str) -> None:
     """With the global rules, as the admin checks them; a repeat is named at `field.level.i`."""
+    refuse_repeats(rules, field)
     try:
         check_with_global_rules({level: [rule.spec() for rule in specs] for level, specs in rules.items()})
     except ConfigError as error:
         raise serializers.ValidationError({f"{field}.{engine_path(error.path)}": error.reason}) from None
+
+
+def refuse_repeats(rules: dict[str, list[Rule]], field: str) -> None:
+    """A rule that repeats another at its level, the owner's or a global one, is a 409: the
+    same type and parameters are the same bucket (the engine's `rule_id`), so it is taken,
+    as a name can be. Which rules repeat is beyond what a request schema can state."""
+    shared: dict[str, list[Rule]] = {}
+    for rule in Rule.objects.filter(tier=None, tenant=None).select_related("level"):
+        shared.setdefault(rule.level.name, []).append(rule)
+    for level, specs in rules.items():
+        seen = {build_rule(rule.spec(), "").rule_id: f"global rule {i}" for i, rule in enumerate(shared.get(level, []))}
+        for i, rule in enumerate(specs):
+            built = build_rule(rule.spec(), "")
+            if built.rule_id in seen:
+                raise conflict(f"repeats {seen[built.rule_id]} ({built.display()}) of this level: the same type and "
+                               f"parameters are one bucket, whatever the label", f"{field}.{level}.{i}")
+            seen[built.rule_id] = f"rule {i}"
 
 
 def write_rules(owner: Tier | Tenant, rules: dict[str, list[Rule]]) -> None:
@@ -166,8 +194,11 @@ class RuleMapExtension(OpenApiSerializerFieldExtension):
             "description": "A rule, as in the policy file: its type, the type's parameters, and optionally "
                            "label, shadow and counts."})
         auto_schema.registry.register_on_missing(spec)
-        return {"type": "object", "additionalProperties": {"type": "array", "items": spec.ref},
-                "example": {"user": [{"type": "token_bucket", "capacity": 10, "per_second": 1}]}}
+        # null or [] for a level: no rules there.
+        rules = {"type": "array", "items": spec.ref, "nullable": True}
+        whole = direction == "request" and auto_schema.method in ("POST", "PUT")
+        return keyed_by_level(rules, not_empty=whole and not self.target.allow_empty,
+                              example={"user": [{"type": "token_bucket", "capacity": 10, "per_second": 1}]})
 
 
 def _component_name(rule_type: str) -> str:
@@ -179,15 +210,21 @@ def rule_type_schema(name: str) -> dict:
     return {"type": "object", "description": (RULES[name].__doc__ or "").strip().split("\n")[0],
             "properties": {"type": {"type": "string", "enum": [name]},
                            **{param.name: _openapi_30(param.schema()) for param in params},
-                           "label": {"type": "string", "minLength": 1,
+                           "label": {"type": "string", "nullable": True, "pattern": NOT_BLANK,
                                      "maxLength": Rule._meta.get_field("label").max_length,
-                                     "description": "The reason code a denial reports, e.g. RPM_LIMIT."},
+                                     "description": "The reason code a denial reports, e.g. RPM_LIMIT; "
+                                                    "null for none."},
                            "shadow": {"type": "boolean", "default": False,
                                       "description": "Evaluated and counted, never denies."},
                            "counts": {"type": "string", "enum": ["cost", "requests"], "default": "cost",
                                       "description": "Take the request's cost, or 1 per request."}},
             "required": ["type", *(param.name for param in params if param.required)],
             "additionalProperties": False}
+
+
+# Some character that Python's str.strip() keeps: the engine refuses a blank label. Spelled
+# out, since a pattern's \s is not Python's (no \x1c-\x1f or \x85, but \ufeff).
+NOT_BLANK = r"[^\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
 
 
 def _openapi_30(schema: dict) -> dict:
@@ -202,8 +239,12 @@ def _openapi_30(schema: dict) -> dict:
 
 
 class StrictCharField(serializers.CharField):
-    """A string, and only a string: DRF's CharField would take the number 5 for "5", and
-    types are strict here (docs/API.md)."""
+    """A string, and only a string, taken as sent: DRF's CharField would take the number 5
+    for "5" and " acme " for "acme", and types are strict here (docs/API.md)."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
 
     def to_internal_value(self, data):
         if not isinstance(data, str):
@@ -270,8 +311,66 @@ class StrictSerializer(serializers.Serializer):
                            f"change.", "version")
 
 
+# A name as the models take it, matched whole (the models' `^...$` lets a final newline by).
+NAME = RegexValidator(rf"\A{NAME_VALIDATOR.regex.pattern.strip('^$')}\Z", NAME_VALIDATOR.message)
+# DRF refuses NUL in any string; the schema says so with this pattern.
+NO_NUL = RegexValidator(r"\A[^\x00]*\Z", "Null characters are not allowed.")
+
+
+def name_field(model, **kwargs) -> StrictCharField:
+    """A row's name: letters, digits and _ . : - only, as long as the model's column."""
+    return StrictCharField(max_length=model._meta.get_field("name").max_length, validators=[NAME], **kwargs)
+
+
+def largest(model, field: str) -> int:
+    """The largest value the database takes in an integer column (Django's own bound)."""
+    return min(v.limit_value for v in model._meta.get_field(field).validators if isinstance(v, MaxValueValidator))
+
+
+# core.config's bounds (parse_fail_modes, parse_priorities), as the schema states them.
+@extend_schema_field({"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1})
+class FallbackFraction(StrictFloatField):
+    """Above 0, at most 1."""
+
+
+@extend_schema_field({"type": "number", "minimum": 0, "maximum": 1, "exclusiveMaximum": True})
+class Watermark(StrictFloatField):
+    """From 0 up to (not including) 1."""
+
+
 def version_field():
     return serializers.IntegerField(min_value=1, required=False, help_text=VERSION_HELP)
+
+
+class StrictSerializerSchema(OpenApiSerializerExtension):
+    """A StrictSerializer's request bodies as it reads them: a create sends no `version`
+    (its own component, `New<Name>Request`), a PUT sends every field and `version`, a PATCH
+    sends `version` and the fields it changes."""
+
+    target_class = StrictSerializer
+    match_subclasses = True
+
+    def get_name(self, auto_schema, direction):
+        if direction == "request" and auto_schema.method == "POST" and "version" in self.target.fields:
+            return "New" + type(self.target).__name__.removesuffix("Serializer")
+        return None
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_basic_serializer(self.target, direction)
+        if direction != "request":
+            return schema
+        properties = schema["properties"]
+        if auto_schema.method == "POST":
+            properties.pop("version", None)
+            required = [name for name in schema.get("required", []) if name != "version"]
+        elif auto_schema.method == "PUT":
+            required = [name for name, field in self.target.fields.items() if not field.read_only]
+        else:
+            required = ["version"] if "version" in properties else []
+        schema.pop("required", None)
+        if required:
+            schema["required"] = required
+        return schema
 
 
 # Tiers and tenants ------------------------------------------------------------------------
@@ -280,8 +379,9 @@ def version_field():
 class TierSerializer(StrictSerializer):
     """A plan: its rules by level."""
 
-    name = StrictCharField(max_length=Tier._meta.get_field("name").max_length, help_text="e.g. free, pro")
-    rules = RuleMapField(help_text="Rule specs by level name, as in the policy file. At least one rule. "
+    name = name_field(Tier, help_text="e.g. free, pro")
+    rules = RuleMapField(allow_empty=False,
+                         help_text="Rule specs by level name, as in the policy file. At least one rule. "
                                    "PATCH replaces the levels it names (null or [] removes a level's rules).")
     version = version_field()
 
@@ -290,7 +390,7 @@ class TierSerializer(StrictSerializer):
         tier.name = attrs.get("name", tier.name)
         full_clean(tier)
         rules = merged_rules(self.instance.rules if self.instance else None, attrs.get("rules"), self.partial)
-        if not rules:
+        if not rules and not self.fields["rules"].allow_empty:
             raise serializers.ValidationError({"rules": "a tier needs at least one rule"})
         check_rules(rules, "rules")
         return {"tier": tier, "rules": rules}
@@ -309,13 +409,18 @@ class TierSerializer(StrictSerializer):
         return tier
 
 
+@extend_schema_field(names_of("tier"))
+class TierName(serializers.SlugRelatedField):
+    """A configured tier, by its name (the live schema lists them)."""
+
+
 class TenantSerializer(StrictSerializer):
     """A team key with its tier and optional per-level overrides."""
 
-    key = StrictCharField(max_length=Tenant._meta.get_field("key").max_length,
-                                help_text="The team key requests carry.")
-    tier = serializers.SlugRelatedField(slug_field="name", queryset=Tier.objects.all(),
-                                        error_messages={"does_not_exist": "unknown tier {value!r}"})
+    key = StrictCharField(max_length=Tenant._meta.get_field("key").max_length, validators=[NO_NUL],
+                          help_text="The team key requests carry.")
+    tier = TierName(slug_field="name", queryset=Tier.objects.all(),
+                    error_messages={"does_not_exist": "unknown tier {value!r}"})
     overrides = RuleMapField(source="rules", required=False,
                              help_text="Rule specs by level name; each replaces the tier's rules at its level "
                                        "until overrides_until. PATCH replaces the levels it names.")
@@ -354,13 +459,12 @@ class TenantSerializer(StrictSerializer):
 class LevelSerializer(StrictSerializer):
     """A named scope, in evaluation order, with what it does while the store is down."""
 
-    name = StrictCharField(max_length=Level._meta.get_field("name").max_length)
-    position = StrictIntegerField(min_value=0, required=False,
-                                        help_text="Evaluation order, lower first. Default: after the last level.")
+    name = name_field(Level)
+    position = StrictIntegerField(min_value=0, max_value=largest(Level, "position"), required=False,
+                                  help_text="Evaluation order, lower first. Default: after the last level.")
     fail_mode = serializers.ChoiceField(choices=Level._meta.get_field("fail_mode").choices, required=False,
                                         help_text=Level._meta.get_field("fail_mode").help_text)
-    fallback_fraction = StrictFloatField(required=False,
-                                               help_text=Level._meta.get_field("fallback_fraction").help_text)
+    fallback_fraction = FallbackFraction(required=False, help_text=Level._meta.get_field("fallback_fraction").help_text)
     version = version_field()
 
     def validate(self, attrs):
@@ -382,10 +486,15 @@ class LevelSerializer(StrictSerializer):
         return self.create(validated)
 
 
+@extend_schema_field(names_of("level"))
+class LevelName(StrictCharField):
+    """A configured level, by its name (the live schema lists them)."""
+
+
 class LevelNamesField(serializers.ListField):
     """Level names, as a list; read from and written to the priority class's levels."""
 
-    child = StrictCharField()
+    child = LevelName()
 
     def to_representation(self, levels):
         return [level.name for level in sorted(levels.all(), key=lambda level: (level.position, level.name))]
@@ -403,8 +512,8 @@ class LevelNamesField(serializers.ListField):
 class PrioritySerializer(StrictSerializer):
     """A request class that must leave `watermark` x capacity untouched at its levels."""
 
-    name = StrictCharField(max_length=PriorityClass._meta.get_field("name").max_length)
-    watermark = StrictFloatField(required=False, help_text=PriorityClass._meta.get_field("watermark").help_text)
+    name = name_field(PriorityClass)
+    watermark = Watermark(required=False, help_text=PriorityClass._meta.get_field("watermark").help_text)
     levels = LevelNamesField(required=False, help_text="Levels it applies at; empty: the global level.")
     version = version_field()
 
@@ -427,6 +536,7 @@ class PrioritySerializer(StrictSerializer):
         return self.create(validated)
 
 
+@extend_schema_field(names_of("tier"))
 class NullableTierName(serializers.SlugRelatedField):
     """A tier by its name, or null for none. DRF reads an empty string as null in a nullable
     relation; here it is refused, as the schema says (a name has at least one character)."""

@@ -6,8 +6,13 @@ describe the same fields for the schema, and tests check the two agree.
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse
+from drf_spectacular.utils import OpenApiResponse, extend_schema_field
 from rest_framework import serializers
+
+from core.params import LARGEST_NUMBER
+
+from .requests import MAX_BATCH, MAX_HOLD, MAX_KEY_LENGTH
+from .schema_hooks import keyed_by_level, names_of
 
 
 class ErrorDetail(serializers.Serializer):
@@ -31,18 +36,41 @@ CONFLICT = {409: OpenApiResponse(Error, description="Changed by someone else, or
 UNAVAILABLE = {503: OpenApiResponse(Error, description="The store or the database is unreachable.")}
 
 
+KEY = {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH}
+
+
+@extend_schema_field(keyed_by_level(KEY, minProperties=1))
 class Keys(serializers.DictField):
-    child = serializers.CharField(min_length=1, max_length=256)
+    """The key at each level, by configured level name (the live schema lists them)."""
+
+    child = serializers.CharField(min_length=1, max_length=MAX_KEY_LENGTH)
+
+
+@extend_schema_field(names_of("priority"))
+class PriorityName(serializers.CharField):
+    """A configured priority class (the live schema lists them)."""
+
+
+@extend_schema_field({"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": LARGEST_NUMBER})
+class Cost(serializers.FloatField):
+    """A cost: greater than 0, at most 1e15 (`requests._number`)."""
 
 
 class DecisionRequest(serializers.Serializer):
     keys = Keys(help_text='The key at each level, e.g. {"user": "u1", "team": "acme", "global": "*"}. '
                           "Only configured levels; at least one.")
-    cost = serializers.FloatField(default=1, min_value=0, max_value=1e15,
-                                  help_text="What the request spends, e.g. LLM tokens; greater than 0.")
-    priority = serializers.CharField(required=False, allow_null=True,
-                                     help_text="A configured priority class; null for none.")
+    cost = Cost(default=1, help_text="What the request spends, e.g. LLM tokens; greater than 0.")
+    priority = PriorityName(required=False, allow_null=True, help_text="A configured priority class; null for none.")
     dry_run = serializers.BooleanField(default=False, help_text="Explain, consuming nothing.")
+
+
+@extend_schema_field({"type": "boolean", "enum": [False]})
+class NoDryRun(serializers.BooleanField):
+    """false only: a batch takes no dry runs."""
+
+
+class BatchItem(DecisionRequest):
+    dry_run = NoDryRun(default=False, help_text="false only: a batch takes no dry runs (use /decisions).")
 
 
 class DecisionFields(serializers.Serializer):
@@ -74,20 +102,26 @@ class Decision(DecisionFields):
 
 
 class BatchRequest(serializers.Serializer):
-    requests = DecisionRequest(many=True, help_text="1 to 1,000 requests, decided in order.")
+    requests = serializers.ListField(child=BatchItem(), min_length=1, max_length=MAX_BATCH,
+                                     help_text="1 to 1,000 requests, decided in order.")
 
 
 class BatchAnswer(serializers.Serializer):
     decisions = DecisionFields(many=True)
 
 
+@extend_schema_field({"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": MAX_HOLD})
+class Hold(serializers.FloatField):
+    """Seconds: greater than 0, at most a day."""
+
+
 class ReservationRequest(serializers.Serializer):
     keys = Keys()
-    cost = serializers.FloatField(default=1, min_value=0, max_value=1e15, help_text="The estimated cost.")
-    priority = serializers.CharField(required=False, allow_null=True)
-    hold = serializers.FloatField(required=False, allow_null=True, min_value=0, max_value=86400,
-                                  help_text="Seconds until an unsettled reservation expires (default 60; "
-                                            "at most the shortest concurrency lease).")
+    cost = Cost(default=1, help_text="The estimated cost; greater than 0.")
+    priority = PriorityName(required=False, allow_null=True, help_text="A configured priority class; null for none.")
+    hold = Hold(required=False, allow_null=True,
+                help_text="Seconds until an unsettled reservation expires, greater than 0 (default 60; "
+                          "at most the shortest concurrency lease).")
 
 
 class Reservation(DecisionFields):
@@ -98,7 +132,7 @@ class Reservation(DecisionFields):
 
 
 class CommitRequest(serializers.Serializer):
-    actual_cost = serializers.FloatField(min_value=0, max_value=1e15)
+    actual_cost = serializers.FloatField(min_value=0, max_value=LARGEST_NUMBER, help_text="0 or more.")
 
 
 class Settlement(serializers.Serializer):

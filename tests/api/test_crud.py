@@ -228,11 +228,6 @@ BAD_RULES = [
     ({"user": ["token_bucket"]}, "rules.user.0", "mapping"),
     ({"user": {"type": "token_bucket"}}, "rules.user", "list of rules"),
     ({"planet": [{"type": "token_bucket", "capacity": 5, "per_second": 1}]}, "rules.planet", "unknown level"),
-    ({"user": [{"type": "token_bucket", "capacity": 5, "per_second": 1},
-               {"type": "token_bucket", "capacity": 5, "per_second": 1, "label": "AGAIN"}]},
-     "rules.user.1", "repeats rule 0"),
-    ({"global": [{"type": "token_bucket", "capacity": 100000, "per_second": 10000}]}, "rules.global.0",
-     "global rules"),
     ({}, "rules", "at least one rule"),
     ({"user": [], "team": None}, "rules", "at least one rule"),
     ([PRO_RULES["team"]], "rules", "must be an object"),
@@ -248,6 +243,30 @@ def test_a_bad_rule_is_a_400_naming_its_path_and_changes_nothing(client, rules, 
     assert list(error["fields"]) == [path], error
     assert message in error["fields"][path]
     assert error["message"].startswith(path)
+    assert snapshot() == before
+
+
+# The same type and parameters are one bucket: a repeat is taken, as a name can be (a 409).
+REPEATED_RULES = [
+    ({"user": [{"type": "token_bucket", "capacity": 5, "per_second": 1},
+               {"type": "token_bucket", "capacity": 5, "per_second": 1, "label": "AGAIN"}]},
+     "rules.user.1", "repeats rule 0"),
+    ({"user": [{"type": "concurrency", "limit": 1}, {"type": "concurrency", "limit": 1, "lease": 60}]},
+     "rules.user.1", "repeats rule 0"),
+    ({"global": [{"type": "token_bucket", "capacity": 100000, "per_second": 10000}]}, "rules.global.0",
+     "repeats global rule 0"),
+]
+
+
+@pytest.mark.parametrize("rules, path, message", REPEATED_RULES)
+def test_a_rule_that_repeats_another_at_its_level_is_a_409_naming_its_path_and_changes_nothing(client, rules, path,
+                                                                                               message):
+    before = snapshot()
+    error = error_of(client.put("/api/v1/tiers/pro", {"name": "pro", "rules": rules, "version": 1},
+                                format="json"), 409)
+    assert error["code"] == "conflict"
+    assert list(error["fields"]) == [path], error
+    assert message in error["fields"][path]
     assert snapshot() == before
 
 
