@@ -18,7 +18,8 @@ from core import RULES, ConfigError
 from core.config import FAIL_MODES, parse_fail_modes, parse_priorities
 from core.rules import build_rule
 
-NAME_VALIDATOR = RegexValidator(r"^[A-Za-z0-9_.:-]+$", "Letters, digits and _ . : - only.")
+# \A and \Z, not ^ and $: `$` also matches before a trailing newline.
+NAME_VALIDATOR = RegexValidator(r"\A[A-Za-z0-9_.:-]+\Z", "Letters, digits and _ . : - only.")
 COUNTS_CHOICES = [("cost", "cost"), ("requests", "requests (1 per request)")]
 
 

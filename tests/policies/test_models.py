@@ -117,3 +117,14 @@ def test_it_rejects_a_tenant_pointing_at_a_deleted_tier(tier):
 
 def test_it_rejects_a_level_name_with_spaces():
     assert "name" in errors_of(Level(name="per user"))
+
+
+@pytest.mark.parametrize("model", [Level, Tier, PriorityClass])
+@pytest.mark.parametrize("name", ["gold\n", "go ld", "", "gold\r\n"])
+def test_a_name_must_be_letters_digits_and_marks_to_its_very_end(model, name):
+    # `$` would match before a trailing newline: the admin path uses the model's validator.
+    assert "name" in errors_of(model(name=name))
+
+
+def test_a_plain_name_passes_the_name_validator():
+    Tier(name="gold-2.b:c_d").clean_fields(exclude=["rules"])
