@@ -39,6 +39,7 @@ JSON = "application/json"
 # parameters (so no `indent`); any other goes through DRF, which may answer 406.
 PLAIN_ACCEPTS = (None, "*/*", JSON)
 _UNREAD = object()
+_RESPONSE_HEADERS: dict[type, dict] = {}
 
 
 class _Call:
@@ -111,7 +112,7 @@ class GatewayView(APIView):
             return self._finalize_lean(self._handle_lean_exception(exc, call or request), call or request)
         # What DRF's Response would become, rendered here: Content-Type, the view's fields, Allow.
         return HttpResponse(self.renderer_classes[0]().render(body),
-                            headers={"Content-Type": JSON, **headers, **self.default_response_headers})
+                            headers={"Content-Type": JSON, **headers, **self._response_headers()})
 
     def _takes_lean_path(self, request, kwargs) -> bool:
         meta = request.META
@@ -144,13 +145,20 @@ class GatewayView(APIView):
         response.exception = True
         return response
 
+    def _response_headers(self) -> dict:
+        """DRF's default_response_headers (Allow), the same for every request to a view class."""
+        found = _RESPONSE_HEADERS.get(type(self))
+        if found is None:
+            found = _RESPONSE_HEADERS[type(self)] = self.default_response_headers
+        return found
+
     def _finalize_lean(self, response: Response, request) -> Response:
         """APIView.finalize_response for what DRF's negotiation picks here (JSON, no parameters);
         Django renders the response."""
         response.accepted_renderer = self.renderer_classes[0]()
         response.accepted_media_type = JSON
         response.renderer_context = {"view": self, "args": self.args, "kwargs": self.kwargs, "request": request}
-        for key, value in self.default_response_headers.items():
+        for key, value in self._response_headers().items():
             response[key] = value
         return response
 
