@@ -5,7 +5,7 @@ gateway reads `allowed`. Errors (a 4xx in the one error shape) are for requests 
 not be decided at all.
 
 /decisions and /decisions/batch are `GatewayView`s: DRF views (the schema, and any unusual
-request, go through DRF as before) whose common request takes a lean path to the same `post`.
+request, go through DRF as before) whose common request takes a lean path to the same answer.
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ class _Call:
         if self._data is _UNREAD:
             self._data = read_json(self._request)
         return self._data
+
+    def __getattr__(self, name):
+        return getattr(self._request, name)  # as DRF's Request: the rest is the Django request's
 
 
 class GatewayView(APIView):
