@@ -35,8 +35,14 @@ redis-server's CPU over each run gives the calls one fully busy core makes per s
 shared cores redis-benchmark and the server compete, so the rate alone understates it).
 Last, the arithmetic of docs/SCALING.md's model with this run's figures.
 
+Part 3, how much of a global limit each cluster mode lets through (run first): a global
+token bucket of 1,600 that never refills, 4 stores standing for 4 worker processes (each
+with its own leased slices), 16 threads sending 4,800 decisions at once, from 100 teams
+evenly, 80 % from one team, or all from one team. What each mode admits of the 1,600.
+
 Run: .venv/bin/python bench/cluster.py [--processes P] [--threads T] [--duration D]
      [--rounds R] [--replicas N] [--timeout S] [--requests N] [--ceiling-rounds R]
+     [--share-stores N] [--only-shares]
 """
 
 from __future__ import annotations
@@ -504,6 +510,61 @@ def ceiling(found: dict[str, Deployment], args) -> dict[str, list[dict]]:
 
 # --- report ----------------------------------------------------------------------------------
 
+# --- part 3: how much of a global limit each mode lets through ------------------------------
+
+SHARE_LIMIT = 1600  # the global token bucket, no refill: every admission is one of these
+PATTERNS = {
+    "even over 100 teams": lambda n: f"team-{n % 100}",
+    "80 % from one team": lambda n: "busy-team" if n % 5 else f"team-{n % 100}",
+    "one team": lambda n: "busy-team",
+}
+
+
+def shares(found: dict[str, Deployment], args) -> dict[str, dict[str, int]]:
+    """For each cluster mode and traffic pattern: `args.share_stores` stores (standing for
+    worker processes, each with its own leased slices) of 4 threads each send 3 x SHARE_LIMIT
+    decisions at once; how many of the global SHARE_LIMIT were admitted."""
+    config = {"team": CONFIG["team"], "global": [{"type": "token_bucket", "capacity": SHARE_LIMIT, "per_second": 0}]}
+    results: dict[str, dict[str, int]] = {}
+    for name, (deployment, options) in contenders().items():
+        if deployment != "cluster":
+            continue
+        results[name] = {}
+        for label, team_of in PATTERNS.items():
+            prefix = f"share{zlib.crc32((name + label).encode())}"
+            stores = [store_from_url(found["cluster"].url, timeout=args.timeout, prefix=prefix, **options)
+                      for _ in range(args.share_stores)]
+            limiters = [HierarchicalLimiter.from_config(config, store=store) for store in stores]
+            counter = iter(range(3 * SHARE_LIMIT))
+            admitted = [0]
+            lock = threading.Lock()
+
+            def work(limiter) -> None:
+                for n in counter:  # the iterator is shared: each decision is taken once
+                    decision = limiter.acquire({"team": team_of(n), "global": "*"})
+                    if decision.allowed:
+                        with lock:
+                            admitted[0] += 1
+
+            threads = [threading.Thread(target=work, args=(limiters[k % len(limiters)],))
+                       for k in range(4 * len(limiters))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            results[name][label] = admitted[0]
+            for store in stores:
+                store.close()
+    return results
+
+
+def report_shares(results: dict[str, dict[str, int]]) -> None:
+    print(f"Part 3, admitted of a global {SHARE_LIMIT:,} (no refill) by {3 * SHARE_LIMIT:,} decisions at once:")
+    for name, by_pattern in results.items():
+        print("  " + name + ": " + "; ".join(f"{label} {n:,} ({n / SHARE_LIMIT:.0%})"
+                                             for label, n in by_pattern.items()))
+
+
 def spread(values: list[float], digits: int = 0, suffix: str = "") -> str:
     middle = statistics.median(values)
     return f"{middle:,.{digits}f}{suffix} ({min(values):,.{digits}f} - {max(values):,.{digits}f})"
@@ -560,14 +621,23 @@ def main() -> None:
                         help="the stores' timeout, s (the service's default, 0.05, trips on a busy 2-core host)")
     parser.add_argument("--requests", type=int, default=50_000, help="per redis-benchmark run")
     parser.add_argument("--ceiling-rounds", type=int, default=3, help="redis-benchmark rounds (0: skip)")
+    parser.add_argument("--share-stores", type=int, default=4,
+                        help="part 3: stores standing for worker processes (0: skip part 3)")
+    parser.add_argument("--only-shares", action="store_true", help="run part 3 alone")
     args = parser.parse_args()
     print(f"Python {sys.version.split()[0]}, redis-py {redis.__version__}, "
           f"{subprocess.run(['/usr/bin/redis-server', '--version'], capture_output=True, text=True).stdout.split()[2]},"
           f" {os.cpu_count()} cores")
     with deployments(args.replicas) as found:
+        share_results = shares(found, args) if args.share_stores else {}
+        if args.only_shares:
+            report_shares(share_results)
+            return
         rounds = race(found, args)
         ceilings = ceiling(found, args) if args.ceiling_rounds else {}
     report(rounds, ceilings)
+    if share_results:
+        report_shares(share_results)
 
 
 if __name__ == "__main__":

@@ -137,9 +137,10 @@ REDIS_URL = env_str("REDIS_URL")
 LIMITER_CLUSTER_SHARDS = int(env_str("LIMITER_CLUSTER_SHARDS") or "16")
 LIMITER_CLUSTER_SHARD_BY = env_str("LIMITER_CLUSTER_SHARD_BY") or "team"
 LIMITER_CLUSTER_SPLIT = tuple(filter(None, (env_str("LIMITER_CLUSTER_SPLIT") or "global").split(",")))
-# How those levels share their limit: "split" (sub-buckets per shard) or "lease" (each process
-# leases slices of it); docs/SCALING.md compares them.
-LIMITER_CLUSTER_GLOBAL_MODE = env_str("LIMITER_CLUSTER_GLOBAL_MODE") or "split"
+# How those levels share their limit: "lease" (each process leases slices of it) or "split"
+# (sub-buckets per shard); docs/SCALING.md compares them. A slice is this share of the limit.
+LIMITER_CLUSTER_GLOBAL_MODE = env_str("LIMITER_CLUSTER_GLOBAL_MODE") or "lease"
+LIMITER_CLUSTER_LEASE_FRACTION = float(env_str("LIMITER_CLUSTER_LEASE_FRACTION") or "0.02")
 # Seconds a decision may wait on Redis before the level's fail mode decides instead.
 LIMITER_STORE_TIMEOUT = float(env_str("LIMITER_STORE_TIMEOUT") or "0.05")
 # Prefix of every key the limiter writes in Redis.

@@ -43,7 +43,8 @@ def check_cluster_settings(app_configs=None, **kwargs) -> list[Error]:
 
     try:
         parse_cluster_url(settings.REDIS_URL)
-        check_options(settings.LIMITER_CLUSTER_SHARDS, settings.LIMITER_CLUSTER_GLOBAL_MODE)
+        check_options(settings.LIMITER_CLUSTER_SHARDS, settings.LIMITER_CLUSTER_GLOBAL_MODE,
+                      settings.LIMITER_CLUSTER_LEASE_FRACTION)
     except ConfigError as error:
         return [Error(f"the Redis Cluster settings cannot make a store: {error}",
                       hint="See REDIS_URL and LIMITER_CLUSTER_* in docs/OPERATIONS.md.", id="policies.E002")]

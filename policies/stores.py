@@ -23,7 +23,8 @@ def limiter_store() -> Store:
                             timeout=settings.LIMITER_STORE_TIMEOUT, batch_timeout=settings.LIMITER_BATCH_TIMEOUT,
                             shards=settings.LIMITER_CLUSTER_SHARDS, shard_by=settings.LIMITER_CLUSTER_SHARD_BY,
                             split=settings.LIMITER_CLUSTER_SPLIT,
-                            global_mode=settings.LIMITER_CLUSTER_GLOBAL_MODE)
+                            global_mode=settings.LIMITER_CLUSTER_GLOBAL_MODE,
+                            lease_fraction=settings.LIMITER_CLUSTER_LEASE_FRACTION)
     if settings.REDIS_URL and "limiter" in settings.CACHES:
         from django_redis import get_redis_connection
 

@@ -7,10 +7,13 @@ So every key of one decision carries the same hash tag, a shard id:
 - the shard comes from the key of the `shard_by` level (the team, by default): a team's
   keys and its users' keys live together, and teams spread over the shards;
 - a level in `split` (the global level, by default) has one key for everybody, which would be
-  one hot slot on one node. It is split into `shards` sub-buckets, one per shard, each with
-  1/shards of every scaled parameter (capacity, rate, watermark floor). A decision takes from
-  its own shard's sub-bucket. The sum of the sub-buckets is the global limit, so it is never
-  exceeded; the price is that a busy shard can deny while others still have room.
+  one hot slot on one node. `global_mode` says how it is shared:
+  - "lease" (the default, lease.py): one pool key, from which each process leases slices
+    and decides that level locally; its token buckets only (any other rule there is split);
+  - "split": `shards` sub-buckets, one per shard, each with 1/shards of every scaled
+    parameter (capacity, rate, watermark floor). A decision takes from its own shard's
+    sub-bucket. The sum of the sub-buckets is the global limit, so it is never exceeded; the
+    price is that a busy shard can deny while others still have room.
 - a decision with no key to shard by (only split levels) goes to the shards in turn.
 
 Keys look like `prefix:{s7}:level:key:rule`; a user's key also names its team
@@ -64,6 +67,9 @@ from .redis import (
 
 DEFAULT_SHARDS = 16
 # How a split level's limit is shared: sub-buckets per shard, or slices leased per process.
+# Lease is the default: as fast as the split (bench/cluster.py), and it lets the whole limit
+# through however the traffic falls over the shards, where the split lets a busy shard's
+# 1/shards through (docs/SCALING.md).
 GLOBAL_MODES = ("split", "lease")
 
 
@@ -83,7 +89,7 @@ class ClusterStore(RedisStore):
                  prefix: str = "la", timeout: float = DEFAULT_TIMEOUT, shards: int = DEFAULT_SHARDS,
                  shard_by: str = "team", split: Sequence[str] = ("global",),
                  breaker: CircuitBreaker | None = None, batch_timeout: float = BATCH_TIMEOUT,
-                 global_mode: str = "split", lease_fraction: float = DEFAULT_FRACTION,
+                 global_mode: str = "lease", lease_fraction: float = DEFAULT_FRACTION,
                  lease_interval: float = DEFAULT_INTERVAL,
                  lease_clock: Callable[[], float] = time.monotonic) -> None:
         check_options(shards, global_mode, lease_fraction, lease_interval)
@@ -414,7 +420,7 @@ def _shard_of_id(reservation_id: str, shards: int) -> int | None:
     return int(shard)
 
 
-def check_options(shards: Any = DEFAULT_SHARDS, global_mode: Any = "split",
+def check_options(shards: Any = DEFAULT_SHARDS, global_mode: Any = "lease",
                   lease_fraction: Any = DEFAULT_FRACTION, lease_interval: Any = DEFAULT_INTERVAL) -> None:
     """ConfigError naming the first bad option (before anything connects)."""
     if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= 16384:

@@ -49,7 +49,7 @@ def new_store(request, store_kind):
         url = request.getfixturevalue("redis_cluster_url")
         # One shard: the contract is per (level, key), and with several shards a user's key
         # lives under its team's shard (tests/core/test_cluster.py tests that layout).
-        kind = partial(ClusterStore, url=url, shards=1)
+        kind = partial(ClusterStore, url=url, shards=1, global_mode="split")
     else:
         url = request.getfixturevalue("redis_url")
         kind = partial(RedisStore, url=url)

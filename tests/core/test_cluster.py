@@ -21,7 +21,7 @@ CONFIG = {"user": [token_bucket(3, 0)], "team": [token_bucket(5, 0)], "global": 
 
 @pytest.fixture
 def store(redis_cluster_url):
-    store = store_from_url(redis_cluster_url, timeout=1.0)
+    store = store_from_url(redis_cluster_url, timeout=1.0, global_mode="split")
     yield store
     store.close()
 
@@ -46,7 +46,9 @@ def script_calls(cluster) -> int:
 
 
 def test_the_url_makes_a_cluster_store_and_a_bad_one_says_what_is_wrong(redis_cluster_url):
-    assert isinstance(store_from_url(redis_cluster_url), ClusterStore)
+    store = store_from_url(redis_cluster_url)
+    assert isinstance(store, ClusterStore) and store.global_mode == "lease"  # the default
+    store.close()
     with pytest.raises(ConfigError, match="not host:port"):
         store_from_url("redis-cluster://127.0.0.1:6379,nowhere")
     with pytest.raises(ConfigError, match="shards"):
@@ -140,7 +142,7 @@ def test_a_batch_on_the_cluster_decides_as_one_after_the_other(store, redis_clus
     items = [(limiter, {"user": f"u{i % 5}", "team": f"t{i % 9}", "global": "*"}, 1, None)
              for i in range(120)]
     batched = acquire_batch(items)
-    alone = store_from_url(redis_cluster_url, timeout=1.0, prefix="alone")
+    alone = store_from_url(redis_cluster_url, timeout=1.0, prefix="alone", global_mode="split")
     one_by_one = limiter_on(alone)
     expected = [one_by_one.acquire(keys) for _, keys, _, _ in items]
     alone.close()

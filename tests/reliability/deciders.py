@@ -27,15 +27,16 @@ def decide_from_processes(url: str, config: dict, keys: dict, processes: int = 4
 
 
 def decide_spread(url: str, config: dict, key_sets: list[dict], processes: int = 4,
-                  threads: int = 50, prefix: str = "la", each: int = 1) -> list[tuple[bool, bool, int]]:
+                  threads: int = 50, prefix: str = "la", each: int = 1,
+                  options: dict | None = None) -> list[tuple[bool, bool, int]]:
     """(allowed, degraded, which key set) of `processes` x `threads` simultaneous threads,
     each making `each` requests, request n of the whole run on key_sets[n % len(key_sets)].
-    `url` may be redis:// or redis-cluster://."""
+    `url` may be redis:// or redis-cluster://; `options` go to the store."""
     context = multiprocessing.get_context("spawn")
     ready = context.Barrier(processes)
     answers = context.Queue()
     children = [context.Process(target=_decide, args=(url, config, key_sets, threads, prefix, ready,
-                                                       answers, p, each))
+                                                       answers, p, each, options or {}))
                 for p in range(processes)]
     for child in children:
         child.start()
@@ -51,12 +52,12 @@ def decide_spread(url: str, config: dict, key_sets: list[dict], processes: int =
     return [answer for batch in found for answer in batch]
 
 
-def _decide(url, config, key_sets, threads, prefix, ready, answers, process, each) -> None:
+def _decide(url, config, key_sets, threads, prefix, ready, answers, process, each, options) -> None:
     try:
         from core import HierarchicalLimiter
         from core.stores import store_from_url
 
-        store = store_from_url(url, prefix=prefix, timeout=TIMEOUT)
+        store = store_from_url(url, prefix=prefix, timeout=TIMEOUT, **options)
         limiter = HierarchicalLimiter.from_config(config, store=store)
         store.ping()  # connected before the start, so the start is the decisions alone
         start = threading.Barrier(threads + 1)

@@ -24,14 +24,16 @@ TEAMS = [{"user": f"user-{n}", "team": f"team-{n % 100}", "global": "*"} for n i
 UNLIMITED = {"type": "token_bucket", "capacity": 1_000_000, "per_second": 0}
 
 
-def test_a_flood_over_100_teams_admits_at_most_the_global_limit_and_at_least_90_percent(redis_cluster_url):
+@pytest.mark.parametrize("mode", ["split", "lease"])
+def test_a_flood_over_100_teams_admits_at_most_the_global_limit_and_at_least_90_percent(redis_cluster_url, mode):
     config = {"user": [UNLIMITED], "team": [UNLIMITED],
               "global": [{"type": "token_bucket", "capacity": 1000, "per_second": 0}]}
-    answers = decide_spread(redis_cluster_url, config, TEAMS, PROCESSES, THREADS, each=EACH)
+    answers = decide_spread(redis_cluster_url, config, TEAMS, PROCESSES, THREADS, each=EACH,
+                            options={"global_mode": mode})
     assert len(answers) == PROCESSES * THREADS * EACH
     assert not any(degraded for _, degraded, _ in answers)
     admitted = sum(allowed for allowed, _, _ in answers)
-    print(f"\n{len(answers)} decisions over 100 teams: {admitted} admitted of a global 1,000")
+    print(f"\n{mode}: {len(answers)} decisions over 100 teams: {admitted} admitted of a global 1,000")
     assert 900 <= admitted <= 1000
 
 
