@@ -6,7 +6,9 @@ redis-server), for three endpoints served by one gunicorn, side by side:
   permission check, the body not read), served from bench/settings.py + bench/urls.py
   (the app's URLs plus this one): the floor of Django + DRF + gunicorn;
 - decision: `POST /api/v1/decisions`, Bearer token, a 3-level decision on Redis;
-- batch: `POST /api/v1/decisions/batch` with --batch-size decisions per request.
+- batch: `POST /api/v1/decisions/batch` with --batch-size decisions per request;
+- drf (only when named in --endpoints): the decision endpoint's view with its lean path off,
+  every request through DRF's own dispatch, as it was served before the lean path.
 
 Run: .venv/bin/python bench/http.py [--duration S] [--connections N] [--workers W]
      [--threads T] [--batch-size B] [--rounds R] [--profile auto|always|never]
@@ -72,7 +74,8 @@ POLICY = {
     "tiers": {"bench": {level: [{"type": "token_bucket", "capacity": c, "per_second": r}]
                         for level, (c, r) in LIMITS.items()}},
 }
-PATHS = {"bare": "/bench/bare", "decision": "/api/v1/decisions", "batch": "/api/v1/decisions/batch"}
+PATHS = {"bare": "/bench/bare", "decision": "/api/v1/decisions", "batch": "/api/v1/decisions/batch",
+         "drf": "/bench/decisions-drf"}
 ALLOWED = b'"allowed":true'
 # A degraded decision never reached Redis: the store timed out (LIMITER_STORE_TIMEOUT) or its
 # breaker was open, and the level's fail mode decided. Counted, and flagged in the report.
@@ -438,6 +441,14 @@ def ratios(rounds: list[dict], args) -> dict:
               f" at {args.connections} connections; target <= {TARGETS['p99_ms']:g} ms: "
               f"{verdict(p99 <= TARGETS['p99_ms'])}{note}")
         found["p99_ms"] = p99
+    if {"decision", "drf"} <= set(args.endpoints):
+        clean = [r for r in rounds if not r["decision"]["degraded"] and not r["drf"]["degraded"]]
+        if clean:
+            per_round = [r["decision"]["requests_s"] / r["drf"]["requests_s"] for r in clean]
+            cpu = [machine_us(r["drf"]) / machine_us(r["decision"]) for r in clean]
+            print(f"decision (lean path) / the same through DRF's dispatch, requests/s: "
+                  f"{statistics.median(per_round):.2f}x median (rounds {spread(per_round)}); by CPU per request of "
+                  f"all three: {statistics.median(cpu):.2f}x (rounds {spread(cpu)}){excluded(rounds, clean)}")
     if {"decision", "batch"} <= set(args.endpoints):
         clean = [r for r in rounds if not r["decision"]["degraded"] and not r["batch"]["degraded"]]
         if clean:
@@ -764,7 +775,8 @@ def parse_args():
     parser.add_argument("--batch-size", type=int, default=100, help="decisions per batch request")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median counts")
     parser.add_argument("--endpoints", default="bare,decision,batch",
-                        help="comma-separated, in the order each round runs them")
+                        help="comma-separated, in the order each round runs them (also: drf, the decision "
+                             "through DRF's own dispatch)")
     parser.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
                         help="time the decision's pieces (auto: when the decision misses 0.8x bare)")
     parser.add_argument("--profile-requests", type=int, default=3000,

@@ -3,7 +3,9 @@
 - `bench/bare`: a DRF APIView that answers a constant, the floor that bench/http.py measures
   the decision endpoint against;
 - `bench/plain`: a plain Django view that answers the same bytes, no DRF: bench/http.py's
-  profile uses it to tell DRF's own cost per request from Django's.
+  profile uses it to tell DRF's own cost per request from Django's;
+- `bench/decisions-drf`: /api/v1/decisions with its lean path off, every request through DRF's
+  own dispatch (as before the lean path), to measure the two side by side under one gunicorn.
 """
 import json
 
@@ -13,6 +15,8 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
+
+from policies.api.decisions import DecisionView
 
 from limiter_admin.urls import handler404, handler500, urlpatterns as app_urlpatterns  # noqa: F401
 
@@ -41,4 +45,5 @@ def plain(request):
 
 # Last, so that resolving the app's own paths tries exactly the patterns it does in the app.
 urlpatterns = [*app_urlpatterns, path("bench/bare", BareView.as_view(), name="bench-bare"),
-               path("bench/plain", plain, name="bench-plain")]
+               path("bench/plain", plain, name="bench-plain"),
+               path("bench/decisions-drf", DecisionView.as_view(lean=False), name="bench-decisions-drf")]
