@@ -39,13 +39,15 @@ from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
 from redis.backoff import NoBackoff
-from redis.cluster import ClusterNode, RedisCluster
-from redis.exceptions import AskError, MovedError, NoScriptError, RedisError
+from redis.cluster import ClusterNode, RedisCluster, key_slot
+from redis.exceptions import (AskError, ConnectionError, MovedError, NoScriptError, RedisClusterException,
+                              RedisError, ResponseError, TimeoutError)
 from redis.retry import Retry
 
 from ..decision import Decision
 from ..errors import ConfigError
 from .base import Check, Outcome
+from .connections import bulk, held_connections
 from .lease import (
     DEFAULT_FRACTION,
     DEFAULT_INTERVAL,
@@ -66,6 +68,8 @@ from .redis import (
 )
 
 DEFAULT_SHARDS = 16
+# At most one topology refresh per this many seconds, per store.
+REFRESH_EVERY = 0.1
 # How a split level's limit is shared: sub-buckets per shard, or slices leased per process.
 # Lease is the default: as fast as the split (bench/cluster.py), and it lets the whole limit
 # through however the traffic falls over the shards, where the split lets a busy shard's
@@ -102,6 +106,10 @@ class ClusterStore(RedisStore):
         self._current = threading.local()  # the breaker of the shard this thread calls
         super().__init__(client=client, prefix=prefix, timeout=timeout, breaker=breaker,
                          batch_client=batch_client)
+        # Script calls go out as FCALL on connections held per node (_script), not through
+        # the cluster client's command path.
+        self._head = self._fcall_head
+        self._refreshing, self._refreshed = threading.Lock(), 0.0
         self.shards, self.shard_by, self.split = shards, shard_by, frozenset(split)
         self.breakers = [CircuitBreaker() for _ in range(shards)]
         self.global_mode = global_mode
@@ -298,6 +306,57 @@ class ClusterStore(RedisStore):
             return self._call(method, *args)
         finally:
             self._current.breaker = None
+
+    # --- one call: FCALL on the node that holds the slot ------------------------------------
+
+    def _script(self, keys: Sequence[str], *args: str) -> Any:
+        """FCALL, packed, on a connection held for the primary that holds the keys' slot (as
+        the cluster client last saw the slots). A call that ran nothing is put right and sent
+        again: the library missing on that node (loaded there), or the slot moved (MOVED,
+        ASK: sent through the cluster client, which follows it and learns the new owner). A
+        node that cannot be reached makes the cluster client read the topology again, so
+        the next call finds the replica that took over."""
+        count = len(args)
+        tail = b"".join(bulk(arg.encode()) for arg in args)
+        command = (b"*%d\r\n" % (3 + len(keys) + count) + self._fcall_head + bulk(b"%d" % len(keys))
+                   + b"".join(bulk(key.encode()) for key in keys) + tail)
+        for attempt in range(NOSCRIPT_TRIES + 1):
+            try:
+                node = self._node_of(keys[0]) if keys else self.client.get_random_node()
+                connection = self.client.get_redis_connection(node)
+            except RedisClusterException as error:  # no node known for the slot: as if down
+                raise ConnectionError(f"no node for the keys' slot: {error}") from error
+            try:
+                return held_connections(connection.connection_pool).call(command)
+            except (MovedError, AskError):
+                return self.client.execute_command("FCALL", self.function, len(keys), *keys, *args)
+            except ResponseError as error:
+                if attempt == NOSCRIPT_TRIES or not str(error).startswith("Function not found"):
+                    raise
+                connection.execute_command("FUNCTION", "LOAD", "REPLACE", self.library_source)
+            except (ConnectionError, TimeoutError):
+                self._learn_topology(node.name)
+                raise
+
+    def _node_of(self, key: str) -> Any:
+        nodes = self.client.nodes_manager.slots_cache.get(key_slot(key.encode()))
+        return nodes[0] if nodes else self.client.get_node_from_key(key)
+
+    def _learn_topology(self, failed: str) -> None:
+        """Read the slots again from a node that answers, `failed` last (as redis-py does
+        after an error), unless another thread of this store is at it or did so in the last
+        REFRESH_EVERY seconds: the callers that fail meanwhile get their fail modes at once."""
+        if not self._refreshing.acquire(blocking=False):
+            return
+        try:
+            if time.monotonic() - self._refreshed < REFRESH_EVERY:
+                return
+            self.client.nodes_manager.initialize(last_failed_node_name=failed)
+        except (RedisError, RedisClusterException):
+            pass  # nothing answers: a later error tries again
+        finally:
+            self._refreshed = time.monotonic()
+            self._refreshing.release()
 
     # --- batches: one pipeline per node ----------------------------------------------------
 
