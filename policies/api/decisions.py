@@ -30,7 +30,7 @@ from . import schemas
 from .answers import decision_body, decision_headers, explain_rows
 from .auth import CanDecide, ServiceTokenAuthentication, TokenUser, bearer_identity
 from .errors import conflict, invalid, not_found
-from .observe import record
+from .observe import record, record_many
 from .parsers import FastJSONParser
 from .requests import parse_batch, parse_decision, parse_reservation, parse_settlement, read_json
 
@@ -206,8 +206,7 @@ class BatchView(GatewayView):
             if not error.field:
                 raise
             raise invalid(f"requests.{error.field}", str(error).split(": ", 1)[-1]) from None
-        for r, decision in zip(asked, decisions):
-            record(r.keys, decision)
+        record_many((r.keys, decision) for r, decision in zip(asked, decisions))
         return {"decisions": [decision_body(d) for d in decisions]}, {}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest, multiprocess
 from prometheus_client import REGISTRY, CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the view)
@@ -28,11 +28,40 @@ def record(keys: Mapping[str, str], decision: Decision) -> None:
     if decision.allowed:
         (_DEGRADED_ALLOWED if decision.degraded else _ALLOWED).inc()
     else:
-        level = decision.blocked_by.split(":", 1)[0] if decision.blocked_by else ""
-        DECISIONS.labels("denied", level, decision.reason).inc()
+        DECISIONS.labels("denied", _blocking_level(decision), decision.reason).inc()
     if decision.degraded:
         STORE_ERRORS.inc()
     denial_stats().record(keys, decision)
+
+
+def record_many(decided: Iterable[tuple[Mapping[str, str], Decision]]) -> None:
+    """`record` for each `(keys, decision)` of a batch, with one increment per counter and
+    label set: in multiprocess mode each `inc()` takes a lock and writes the mmap'd file, which
+    was 1.5 us a decision, most of a batch's bookkeeping."""
+    stats = denial_stats()
+    allowed = degraded_allowed = degraded = 0
+    denied: dict[tuple[str, str], int] = {}
+    for keys, decision in decided:
+        if decision.allowed:
+            if decision.degraded:
+                degraded_allowed += 1
+            else:
+                allowed += 1
+        else:
+            labels = (_blocking_level(decision), decision.reason)
+            denied[labels] = denied.get(labels, 0) + 1
+        if decision.degraded:
+            degraded += 1
+        stats.record(keys, decision)
+    for counter, count in ((_ALLOWED, allowed), (_DEGRADED_ALLOWED, degraded_allowed), (STORE_ERRORS, degraded)):
+        if count:
+            counter.inc(count)
+    for (level, reason), count in denied.items():
+        DECISIONS.labels("denied", level, reason).inc(count)
+
+
+def _blocking_level(decision: Decision) -> str:
+    return decision.blocked_by.split(":", 1)[0] if decision.blocked_by else ""
 
 
 _installed = None
