@@ -145,6 +145,9 @@ LIMITER_CLUSTER_LEASE_FRACTION = float(env_str("LIMITER_CLUSTER_LEASE_FRACTION")
 LIMITER_STORE_TIMEOUT = float(env_str("LIMITER_STORE_TIMEOUT") or "0.05")
 # Prefix of every key the limiter writes in Redis.
 LIMITER_KEY_PREFIX = env_str("LIMITER_KEY_PREFIX") or "la"
+# How rule state keys are named: "compact" (`la{<10 characters>}`, the least memory) or
+# "readable" (`la:{user:u1}:<rule>`, for reading Redis by eye); core/stores/redis.py.
+LIMITER_KEY_FORMAT = env_str("LIMITER_KEY_FORMAT") or "compact"
 # Seconds a batch of decisions may wait for its answers (a batch is one pipeline).
 LIMITER_BATCH_TIMEOUT = float(env_str("LIMITER_BATCH_TIMEOUT") or "1.0")
 CACHES = _caches(REDIS_URL, LIMITER_STORE_TIMEOUT, LIMITER_BATCH_TIMEOUT)

@@ -49,3 +49,16 @@ def check_cluster_settings(app_configs=None, **kwargs) -> list[Error]:
         return [Error(f"the Redis Cluster settings cannot make a store: {error}",
                       hint="See REDIS_URL and LIMITER_CLUSTER_* in docs/OPERATIONS.md.", id="policies.E002")]
     return []
+
+
+@register("policies")
+def check_key_format(app_configs=None, **kwargs) -> list[Error]:
+    """policies.E003: LIMITER_KEY_FORMAT names a key format of the Redis store."""
+    from django.conf import settings
+
+    from core.stores.redis import KEY_FORMATS
+
+    if settings.LIMITER_KEY_FORMAT in KEY_FORMATS:
+        return []
+    return [Error(f"LIMITER_KEY_FORMAT must be one of {', '.join(KEY_FORMATS)}, not {settings.LIMITER_KEY_FORMAT!r}",
+                  id="policies.E003")]

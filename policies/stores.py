@@ -31,7 +31,7 @@ def limiter_store() -> Store:
         from core.stores.redis import RedisStore
 
         return RedisStore(client=get_redis_connection("limiter"), prefix=settings.LIMITER_KEY_PREFIX,
-                          batch_client=get_redis_connection("limiter_batch"))
+                          batch_client=get_redis_connection("limiter_batch"), key_format=settings.LIMITER_KEY_FORMAT)
     return MemoryStore()
 
 

@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 import redis
 
-from core import (RULES, HierarchicalLimiter, ManualClock, store_from_url)
+from core import (RULES, ConfigError, HierarchicalLimiter, ManualClock, store_from_url)
 from core.stores.connections import IDLE_CHECK, HeldConnections
 from core.stores.redis import RedisStore, lua_body, lua_source
 
@@ -106,7 +106,8 @@ def flood_from_processes(url, prefix, config, key_sets, requests=1, plugins=()):
 
 
 def limiter_keys(client, prefix):
-    return sorted(key.decode() for key in client.scan_iter(match=f"{prefix}:*"))
+    """The keys under `prefix`, in either key format: `prefix{...}` or `prefix:...`."""
+    return sorted(key.decode() for key in client.scan_iter(match=f"{prefix}[:{{]*"))
 
 
 # --- exactness across processes -------------------------------------------------------------
@@ -379,8 +380,27 @@ def test_a_forked_child_decides_on_connections_of_its_own_and_nothing_is_lost(re
 # --- keys: names, hash tags, expiry ---------------------------------------------------------
 
 
-def test_every_key_carries_the_prefix_and_a_hash_tag_of_its_level_and_key(redis_url, redis_server):
-    limiter = redis_limiter(redis_url, EVERY_RULE, "acme-limits")
+def test_a_compact_key_is_the_prefix_and_a_hash_tag_of_10_characters(redis_url, redis_server):
+    limiter = redis_limiter(redis_url, EVERY_RULE, "la")
+    limiter.acquire({"user": "u1", "team": "t1", "global": "*"})
+    keys = limiter_keys(redis_server.client(), "la")
+    assert len(keys) == 7  # one per stateful rule, the shadow rule's too
+    assert all(re.fullmatch(r"la\{[A-Za-z0-9_-]{10}\}", key) for key in keys), keys
+    assert all(len(key) == 14 for key in keys)  # the longest that Redis 7.0 keeps smallest
+    # The name depends on the level, the key and the rule, and on nothing else.
+    again = redis_limiter(redis_url, EVERY_RULE, "la")
+    assert again.store.prepare(again._plan({"user": "u1"}, None).checks).keys == tuple(
+        limiter.store.prepare(limiter._plan({"user": "u1"}, None).checks).keys)
+
+
+def test_a_key_format_must_be_known(redis_url):
+    with pytest.raises(ConfigError, match="key_format: must be one of compact, readable"):
+        RedisStore(url=redis_url, key_format="short")
+
+
+def test_every_readable_key_carries_the_prefix_and_a_hash_tag_of_its_level_and_key(redis_url, redis_server):
+    store = RedisStore(url=redis_url, prefix="acme-limits", timeout=GENEROUS_TIMEOUT, key_format="readable")
+    limiter = HierarchicalLimiter.from_config(EVERY_RULE, store=store)
     limiter.acquire({"user": "u1", "team": "t1", "global": "*"})
     keys = limiter_keys(redis_server.client(), "acme-limits")
     assert len(keys) == 7  # one per stateful rule, the shadow rule's too
@@ -421,7 +441,11 @@ def test_every_limiter_key_has_a_ttl_after_a_mixed_workload(redis_url, redis_ser
     limiter.reset("user", "user-3")
     client = redis_server.client()
     keys = limiter_keys(client, "ttl")
-    assert len({key.rsplit(":", 1)[1] for key in keys}) == 7  # every rule has state somewhere
+    # Every rule has state somewhere (the key names cannot say which rule: worked out here).
+    used = {"user": [f"user-{n}" for n in range(4)], "team": ["team-0", "team-1"], "global": ["*"]}
+    holding = {(level, i) for level, rules in limiter.levels.items() for i, rule in enumerate(rules)
+               for key in used[level] if limiter.store.key_name(level, key, rule) in keys}
+    assert len(holding) == 7
     no_expiry = [key for key in keys if not client.pttl(key) > 0]
     assert no_expiry == []
 

@@ -52,3 +52,11 @@ def test_a_cluster_url_makes_a_cluster_store_with_the_settings(settings, redis_c
     client = statistics_client()
     assert client.ping()
     client.close()
+
+
+def test_an_unknown_key_format_is_a_start_up_error(settings):
+    from policies.checks import check_key_format
+
+    assert check_key_format() == []
+    settings.LIMITER_KEY_FORMAT = "short"
+    assert [error.id for error in check_key_format()] == ["policies.E003"]
