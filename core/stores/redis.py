@@ -6,7 +6,7 @@ checks every rule of every level and takes from all or none: one round trip per 
 atomic across every worker and machine that shares the Redis.
 
 The clock is the Redis server's `TIME` unless one is injected, so machines with skewed
-clocks agree. Every key has a prefix, a `{level:key}` hash tag and a TTL.
+clocks agree. Every key has a prefix, a hash tag and a TTL (see `key_name`).
 
 The Lua is a Redis 7 function library, loaded once (`FUNCTION LOAD`) and called with `FCALL`
 packed in advance on connections held per pool (connections.py); its name carries a hash of
