@@ -329,7 +329,7 @@ class ClusterStore(RedisStore):
             try:
                 return held_connections(connection.connection_pool).call(command)
             except (MovedError, AskError):
-                return self.client.execute_command("FCALL", self.function, len(keys), *keys, *args)
+                return self._redirected(keys, args)
             except ResponseError as error:
                 if attempt == NOSCRIPT_TRIES or not str(error).startswith("Function not found"):
                     raise
@@ -337,6 +337,18 @@ class ClusterStore(RedisStore):
             except (ConnectionError, TimeoutError):
                 self._learn_topology(node.name)
                 raise
+
+    def _redirected(self, keys: Sequence[str], args: Sequence[str]) -> Any:
+        """Through the cluster client, which follows MOVED and ASK; the node it lands on may
+        not have the library yet (it was loaded where calls went so far): load it on every
+        primary and call again (a call that found no function ran nothing)."""
+        for attempt in range(NOSCRIPT_TRIES + 1):
+            try:
+                return self.client.execute_command("FCALL", self.function, len(keys), *keys, *args)
+            except ResponseError as error:
+                if attempt == NOSCRIPT_TRIES or not str(error).startswith("Function not found"):
+                    raise
+                self.client.execute_command("FUNCTION", "LOAD", "REPLACE", self.library_source)
 
     def _node_of(self, key: str) -> Any:
         nodes = self.client.nodes_manager.slots_cache.get(key_slot(key.encode()))
