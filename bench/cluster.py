@@ -90,6 +90,7 @@ def contenders() -> dict[str, tuple[str, dict]]:
     """name -> (deployment, store options). The lease mode joins when ClusterStore has it."""
     found = {"single Redis": ("single", {}), "cluster split": ("cluster", {})}
     if "global_mode" in inspect.signature(ClusterStore.__init__).parameters:
+        found["cluster split"] = ("cluster", {"global_mode": "split"})  # lease is the default now
         found["cluster lease"] = ("cluster", {"global_mode": "lease"})
     return found
 
