@@ -285,3 +285,19 @@ def test_a_dead_pool_applies_the_fail_mode_and_gives_nothing_away(leasing, redis
     budget.allowance = 0.0
     denied = limiter.acquire({"global": "*"})
     assert denied.degraded and not denied.allowed and denied.reason == "STORE_UNAVAILABLE"
+
+
+def test_a_leased_dry_run_and_inspection_show_the_pool_and_the_slice(leasing):
+    store, _ = leasing(fraction=0.1)
+    limiter = limiter_on(store, {"team": [token_bucket(5, 0)], "global": [token_bucket(100, 0)]})
+    assert limiter.acquire({"team": "acme", "global": "*"}, cost=3).allowed  # a slice of 10, 7 left
+    decision, rows = limiter.explain({"team": "acme", "global": "*"}, cost=3)
+    assert not decision.allowed and decision.blocked_by.startswith("team")  # 2 left there
+    by_level = {row["level"]: row for row in rows}
+    assert by_level["global"]["remaining"] == 97  # the pool's 90 and this process's 7
+    assert by_level["team"]["remaining"] == 2
+    state = limiter.inspect("global", "*")[0]["state"]
+    assert (state["tokens"], state["capacity"], state["leased"]) == (97, 100, True)
+    assert limiter.inspect("team", "acme")[0]["state"]["tokens"] == 2
+    limiter.reset("global", "*")
+    assert limiter.inspect("global", "*")[0]["state"]["tokens"] == 100
