@@ -40,7 +40,7 @@ from urllib.parse import urlsplit
 
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster, key_slot
-from redis.exceptions import (AskError, ConnectionError, MovedError, NoScriptError, RedisClusterException,
+from redis.exceptions import (AskError, ConnectionError, MovedError, RedisClusterException,
                               RedisError, ResponseError, TimeoutError)
 from redis.retry import Retry
 
@@ -64,7 +64,7 @@ from .redis import (
     CircuitBreaker,
     RedisPlan,
     RedisStore,
-    _base36,
+    rule_tag,
 )
 
 DEFAULT_SHARDS = 16
@@ -124,8 +124,7 @@ class ClusterStore(RedisStore):
         return zlib.crc32(key.encode()) % self.shards
 
     def key_name(self, level: str, key: str, rule: Any, shard: int = 0) -> str:
-        tag = _base36(zlib.crc32(rule.rule_id.encode()))
-        return f"{self.prefix}:{{s{shard}}}:{level}:{key}:{tag}"
+        return f"{self.prefix}:{{s{shard}}}:{level}:{key}:{rule_tag(rule)}"
 
     def prepare(self, checks: Sequence[Check]) -> ClusterPlan | LeasedPlan:
         if self.global_mode == "lease":
@@ -202,9 +201,8 @@ class ClusterStore(RedisStore):
         capacity summed, the longest time to full). A leased one: its pool and this
         process's slice."""
         if plan.__class__ is LeasedPlan:
-            rows = self._with_budgets(plan, self.inspect(plan.inner, now) if plan.inner.keys else [],
+            return self._with_budgets(plan, self.inspect(plan.inner, now) if plan.inner.keys else [],
                                       lambda budget: self._pool_state(budget, now))
-            return rows
         if not plan.variants:
             return super().inspect(plan, now)
         rows = [super(ClusterStore, self).inspect(variant, now) for variant in plan.variants]
@@ -244,7 +242,7 @@ class ClusterStore(RedisStore):
         budgets = []
         for i in leased:
             check = checks[i]
-            key = f"{self.prefix}:{{{check.level}:{check.key}}}:{_base36(zlib.crc32(check.rule.rule_id.encode()))}:pool"
+            key = f"{self.prefix}:{{{check.level}:{check.key}}}:{rule_tag(check.rule)}:pool"
             budget = self._budgets.get(key)
             if budget is None:
                 budget = self._budgets.setdefault(key, Budget(
@@ -331,9 +329,9 @@ class ClusterStore(RedisStore):
             except (MovedError, AskError):
                 return self._redirected(keys, args)
             except ResponseError as error:
-                if attempt == NOSCRIPT_TRIES or not str(error).startswith("Function not found"):
+                if attempt == NOSCRIPT_TRIES or not self._did_not_run(self._fcall_head, error):
                     raise
-                connection.execute_command("FUNCTION", "LOAD", "REPLACE", self.library_source)
+                self._put_right(self._fcall_head, error, connection)
             except (ConnectionError, TimeoutError):
                 self._learn_topology(node.name)
                 raise
@@ -346,9 +344,9 @@ class ClusterStore(RedisStore):
             try:
                 return self.client.execute_command("FCALL", self.function, len(keys), *keys, *args)
             except ResponseError as error:
-                if attempt == NOSCRIPT_TRIES or not str(error).startswith("Function not found"):
+                if attempt == NOSCRIPT_TRIES or not self._did_not_run(self._fcall_head, error):
                     raise
-                self.client.execute_command("FUNCTION", "LOAD", "REPLACE", self.library_source)
+                self._put_right(self._fcall_head, error, self.client)  # on every primary
 
     def _node_of(self, key: str) -> Any:
         nodes = self.client.nodes_manager.slots_cache.get(key_slot(key.encode()))
@@ -378,51 +376,34 @@ class ClusterStore(RedisStore):
         return super().decide_many([(plan if plan.__class__ is LeasedPlan else plan.pick(), *rest)
                                     for plan, *rest in items])
 
-    def _evalsha_many(self, calls: list[tuple[tuple, str]]) -> list:
+    def _evalsha_many(self, calls: list[tuple[tuple, str]], client: Any = None) -> list:
         """The cluster client does not pipeline scripts, so the batch is grouped by node and
-        each node's calls go down one pipeline on that node's own connection, in order
-        (decisions that share keys share a slot, so their order is kept). One round trip per
-        node. A node that cannot be reached fails its own calls; NOSCRIPT loads the script
-        there and sends again what did not run; a MOVED or ASK (a slot moved since the
-        topology was read) is sent again alone through the cluster client, which follows it."""
+        each node's calls go down the single store's pipeline (FCALL, a missing library
+        loaded there and what did not run sent again) on that node's own connection, in
+        order (decisions that share keys share a slot, so their order is kept). One round
+        trip per node. A node that cannot be reached fails its own calls; a MOVED or ASK (a
+        slot moved since the topology was read) is sent again alone through the cluster
+        client, which follows it."""
         answers: list = [None] * len(calls)
-        pending = list(range(len(calls)))
-        for attempt in range(NOSCRIPT_TRIES + 1):
-            again, moved = [], []
-            for node, entries in self._by_node(calls, pending, answers).items():
-                connection = self.batch_client.get_redis_connection(node)
-                try:
-                    if attempt:
-                        connection.script_load(self.source)
-                    with connection.pipeline(transaction=False) as pipe:
-                        for i in entries:
-                            keys, argument = calls[i]
-                            pipe.evalsha(self.sha, len(keys), *keys, argument)
-                        replies = pipe.execute(raise_on_error=False)
-                except RedisError as error:
-                    for i in entries:
-                        answers[i] = error
-                    continue
-                for i, reply in zip(entries, replies):
-                    answers[i] = reply
-                    if isinstance(reply, NoScriptError):
-                        again.append(i)
-                    elif isinstance(reply, (MovedError, AskError)):
-                        moved.append(i)
-            for i in moved:
-                try:
-                    answers[i] = self._evalsha(*calls[i][0], calls[i][1], keys=len(calls[i][0]))
-                except RedisError as error:
-                    answers[i] = error
-            if not again:
-                break
-            pending = again
+        for node, entries in self._by_node(calls, answers).items():
+            try:
+                replies = super()._evalsha_many([calls[i] for i in entries],
+                                                self.batch_client.get_redis_connection(node))
+            except RedisError as error:
+                replies = [error] * len(entries)
+            for i, reply in zip(entries, replies):
+                if isinstance(reply, (MovedError, AskError)):
+                    try:
+                        reply = self._redirected(calls[i][0], (calls[i][1],))
+                    except RedisError as error:
+                        reply = error
+                answers[i] = reply
         return answers
 
-    def _by_node(self, calls: list, pending: list[int], answers: list) -> dict:
-        """The pending calls by the node that holds their slot, each node's in order."""
+    def _by_node(self, calls: list, answers: list) -> dict:
+        """The calls by the node that holds their slot, each node's in order."""
         nodes: dict = {}
-        for i in pending:
+        for i in range(len(calls)):
             try:
                 node = self.batch_client.get_node_from_key(calls[i][0][0])
             except RedisError as error:  # a slot no node covers now

@@ -212,8 +212,7 @@ class RedisStore(Store):
         among 10 million live keys, the odds that any two share a name are about 1 in 23,000.
         Readable: `prefix:{level:key}:rule`, for reading Redis by eye."""
         if self.key_format == "readable":
-            tag = _base36(zlib.crc32(rule.rule_id.encode()))
-            return f"{self.prefix}:{{{level}:{key}}}:{tag}"
+            return f"{self.prefix}:{{{level}:{key}}}:{rule_tag(rule)}"
         digest = hashlib.blake2b(f"{level}\0{key}\0{rule.rule_id}".encode(), digest_size=8).digest()
         return f"{self.prefix}{{{base64.urlsafe_b64encode(digest)[:10].decode()}}}"
 
@@ -287,17 +286,19 @@ class RedisStore(Store):
             with self._lock:
                 self.breaker.failed()
 
-    def _evalsha_many(self, calls: list[tuple[tuple, str]]) -> list:
-        """One script call per (keys, argument), pipelined: one round trip; FCALL, or
-        EVALSHA on a server without functions. The calls that did not run (the library or
-        script was missing, or FCALL unknown) are sent again, in order, once that is put
-        right; those that ran are never sent twice. Errors come back in the list."""
+    def _evalsha_many(self, calls: list[tuple[tuple, str]], client: redis.Redis | None = None) -> list:
+        """One script call per (keys, argument), pipelined on `client` (the batch client by
+        default): one round trip; FCALL, or EVALSHA on a server without functions. The calls
+        that did not run (the library or script was missing, or FCALL unknown) are sent
+        again, in order, once that is put right; those that ran are never sent twice. Errors
+        come back in the list."""
+        client = client if client is not None else self.batch_client
         answers: list = [None] * len(calls)
         pending = list(range(len(calls)))
         for attempt in range(NOSCRIPT_TRIES + 1):
             head = self._head
             command = ("FCALL", self.function) if head is self._fcall_head else ("EVALSHA", self.sha)
-            with self.batch_client.pipeline(transaction=False) as pipe:
+            with client.pipeline(transaction=False) as pipe:
                 for i in pending:
                     keys, argument = calls[i]
                     pipe.execute_command(*command, len(keys), *keys, argument)
@@ -309,7 +310,7 @@ class RedisStore(Store):
                     missing.append(i)
             if not missing or attempt == NOSCRIPT_TRIES:
                 break
-            self._put_right(head, answers[missing[0]], self.batch_client)
+            self._put_right(head, answers[missing[0]], client)
             pending = missing
         return answers
 
@@ -684,6 +685,11 @@ def decode_record(raw: dict) -> dict:
     record = {name: json.loads(fields[name]) for name in _RECORD_JSON if name in fields}
     record.update({"lease": fields.get("lease") or None, "status": fields.get("status", OPEN)})
     return record
+
+
+def rule_tag(rule: Rule) -> str:
+    """A few characters that tell a key's rule from the other rules of its level and key."""
+    return _base36(zlib.crc32(rule.rule_id.encode()))
 
 
 def _base36(number: int) -> str:

@@ -301,3 +301,18 @@ def test_a_leased_dry_run_and_inspection_show_the_pool_and_the_slice(leasing):
     assert limiter.inspect("team", "acme")[0]["state"]["tokens"] == 2
     limiter.reset("global", "*")
     assert limiter.inspect("global", "*")[0]["state"]["tokens"] == 100
+
+
+def test_a_batch_after_the_library_was_flushed_everywhere_loads_it_and_counts_once(store, redis_cluster_servers):
+    limiter = limiter_on(store)
+    assert limiter.acquire({"user": "u", "team": "t0", "global": "*"}).allowed  # loaded where needed
+    for node in redis_cluster_servers.primaries():
+        client = node.client()
+        client.execute_command("FUNCTION", "FLUSH")
+        client.close()
+    batch = acquire_batch([(limiter, {"user": f"u{i}", "team": f"t{i % 7}", "global": "*"}, 1, None)
+                           for i in range(40)])
+    assert not any(d.degraded for d in batch)
+    per_team = collections.Counter(f"t{i % 7}" for i, d in enumerate(batch) if d.allowed)
+    # Team limit 5: t0 had one before the flush; nothing counted twice.
+    assert per_team["t0"] == 4 and all(per_team[f"t{t}"] == 5 for t in range(1, 7))
