@@ -63,7 +63,8 @@ import tempfile
 import threading
 import time
 import zlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -78,8 +79,7 @@ USERS, TEAMS = 1000, 100
 # Large enough that every decision is allowed, also when redis-benchmark sends ~50,000 a
 # second on one user key range, and on one of 16 global sub-buckets.
 LIMITS = {"user": (1e7, 1e7), "team": (1e8, 1e8), "global": (1e10, 1e10)}
-CONFIG = {level: [{"type": "token_bucket", "capacity": c, "per_second": r}]
-          for level, (c, r) in LIMITS.items()}
+CONFIG = {level: [{"type": "token_bucket", "capacity": c, "per_second": r}] for level, (c, r) in LIMITS.items()}
 TICKS = os.sysconf("SC_CLK_TCK")
 WARM_UP = 1.0  # seconds of each run not counted: connections open, threads get going
 TRIVIAL = "return 1"
@@ -97,6 +97,7 @@ def contenders() -> dict[str, tuple[str, dict]]:
 
 # --- servers ---------------------------------------------------------------------------------
 
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -111,10 +112,27 @@ class Server:
         self.directory = os.path.join(workdir, str(self.port))
         os.makedirs(self.directory)
         self.process = subprocess.Popen(
-            ["/usr/bin/redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", self.directory, "--daemonize", "no",
-             "--logfile", os.path.join(self.directory, "redis.log"), *options],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "/usr/bin/redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.directory,
+                "--daemonize",
+                "no",
+                "--logfile",
+                os.path.join(self.directory, "redis.log"),
+                *options,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self._admin: redis.Redis | None = None
 
     def client(self) -> redis.Redis:
@@ -123,7 +141,7 @@ class Server:
             self._admin = redis.Redis(port=self.port, socket_timeout=5.0, socket_connect_timeout=5.0)
         return self._admin
 
-    def wait(self) -> "Server":
+    def wait(self) -> Server:
         client = redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
         deadline = time.monotonic() + 10
         while True:
@@ -194,24 +212,52 @@ def deployments(replicas: int) -> Iterator[dict[str, Deployment]]:
         started.append(single)
         nodes = []
         for _ in range(3 * (1 + replicas)):
-            nodes.append(Server(workdir, (
-                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-port", str(free_port()), "--cluster-node-timeout", "5000",
-                "--repl-diskless-sync-delay", "0", "--cluster-require-full-coverage", "no")))
+            nodes.append(
+                Server(
+                    workdir,
+                    (
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-port",
+                        str(free_port()),
+                        "--cluster-node-timeout",
+                        "5000",
+                        "--repl-diskless-sync-delay",
+                        "0",
+                        "--cluster-require-full-coverage",
+                        "no",
+                    ),
+                )
+            )
             started.append(nodes[-1])
         for server in started:
             server.wait()
         created = subprocess.run(
-            ["/usr/bin/redis-cli", "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in nodes),
-             "--cluster-replicas", str(replicas), "--cluster-yes"],
-            capture_output=True, text=True, timeout=60)
+            [
+                "/usr/bin/redis-cli",
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{n.port}" for n in nodes),
+                "--cluster-replicas",
+                str(replicas),
+                "--cluster-yes",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if created.returncode:
             raise SystemExit(f"redis-cli --cluster create failed:\n{created.stdout}\n{created.stderr}")
         wait_for_cluster(nodes)
         primaries = [n for n in nodes if n.client().execute_command("ROLE")[0] == b"master"]
-        yield {"single": Deployment(f"redis://127.0.0.1:{single.port}/0", [single], [single]),
-               "cluster": Deployment("redis-cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in nodes),
-                                     primaries, nodes)}
+        yield {
+            "single": Deployment(f"redis://127.0.0.1:{single.port}/0", [single], [single]),
+            "cluster": Deployment(
+                "redis-cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in nodes), primaries, nodes
+            ),
+        }
     finally:
         for server in started:
             server.stop()
@@ -227,8 +273,11 @@ def wait_for_cluster(nodes: list[Server]) -> None:
             client = node.client()
             info = client.execute_command("CLUSTER", "INFO")
             replication = client.info("replication")
-            ready.append(b"cluster_state:ok" in info and b"cluster_slots_ok:16384" in info
-                         and (replication["role"] == "master" or replication.get("master_link_status") == "up"))
+            ready.append(
+                b"cluster_state:ok" in info
+                and b"cluster_slots_ok:16384" in info
+                and (replication["role"] == "master" or replication.get("master_link_status") == "up")
+            )
         if all(ready):
             return
         if time.monotonic() > deadline:
@@ -245,6 +294,7 @@ def machine_cpu() -> tuple[float, float]:
 
 # --- client processes --------------------------------------------------------------------------
 
+
 def workload(seed: int, n: int = 20_000) -> list[dict]:
     rng = random.Random(seed)
     picks = [rng.randrange(USERS) for _ in range(n)]
@@ -253,8 +303,10 @@ def workload(seed: int, n: int = 20_000) -> list[dict]:
 
 def client_process(pipe, threads: int, stores: dict[str, tuple[str, dict]], timeout: float, seed: int) -> None:
     """One client process: a limiter per contender, then runs on command until told None."""
-    limiters = {name: HierarchicalLimiter.from_config(CONFIG, store=store_from_url(url, timeout=timeout, **options))
-                for name, (url, options) in stores.items()}
+    limiters = {
+        name: HierarchicalLimiter.from_config(CONFIG, store=store_from_url(url, timeout=timeout, **options))
+        for name, (url, options) in stores.items()
+    }
     for limiter in limiters.values():  # connect, load the script, learn the cluster's slots
         if not limiter.acquire({"user": "user-0", "team": "team-0", "global": "*"}).allowed:
             raise SystemExit("the warm-up decision was denied")
@@ -268,8 +320,10 @@ def run_threads(acquire, threads: int, start: float, stop: float, seed: int) -> 
     """`threads` closed loops until `stop`; what they did between `start` and `stop`, and
     this process's CPU seconds in that window."""
     tallies: list = [None] * threads
-    workers = [threading.Thread(target=closed_loop, args=(acquire, workload(seed * 100 + k), start, stop,
-                                                           tallies, k)) for k in range(threads)]
+    workers = [
+        threading.Thread(target=closed_loop, args=(acquire, workload(seed * 100 + k), start, stop, tallies, k))
+        for k in range(threads)
+    ]
     for worker in workers:
         worker.start()
     time.sleep(max(0.0, start - time.monotonic()))
@@ -305,7 +359,9 @@ class Clients:
         self.pipes, self.processes = [], []
         for p in range(processes):
             ours, theirs = context.Pipe()
-            process = context.Process(target=client_process, args=(theirs, threads, stores, timeout, p + 1), daemon=True)
+            process = context.Process(
+                target=client_process, args=(theirs, threads, stores, timeout, p + 1), daemon=True
+            )
             process.start()
             self.pipes.append(ours)
             self.processes.append(process)
@@ -348,39 +404,53 @@ def one_run(clients: Clients, name: str, deployment: Deployment, duration: float
     degraded = sum(t["degraded"] for t in tallies)
     decisions = sum(t["decisions"] for t in tallies) - degraded
     client_cpu, server_cpu = sum(t["cpu"] for t in tallies), server1 - server0
-    return {"rate": decisions / duration, "decisions": decisions, "degraded": degraded,
-            "admitted": sum(t["admitted"] for t in tallies) - degraded,
-            "client_us": client_cpu / decisions * 1e6, "server_us": server_cpu / decisions * 1e6,
-            "server_cores": server_cpu / duration, "client_cores": client_cpu / duration,
-            "other_cores": max(0.0, (busy1 - busy0 - server_cpu - client_cpu) / duration),
-            "idle_cores": (idle1 - idle0) / duration,
-            "command": command, "script_us": usec / sum(calls) if sum(calls) else float("nan"),
-            "shares": [c / sum(calls) for c in calls] if sum(calls) else []}
+    return {
+        "rate": decisions / duration,
+        "decisions": decisions,
+        "degraded": degraded,
+        "admitted": sum(t["admitted"] for t in tallies) - degraded,
+        "client_us": client_cpu / decisions * 1e6,
+        "server_us": server_cpu / decisions * 1e6,
+        "server_cores": server_cpu / duration,
+        "client_cores": client_cpu / duration,
+        "other_cores": max(0.0, (busy1 - busy0 - server_cpu - client_cpu) / duration),
+        "idle_cores": (idle1 - idle0) / duration,
+        "command": command,
+        "script_us": usec / sum(calls) if sum(calls) else float("nan"),
+        "shares": [c / sum(calls) for c in calls] if sum(calls) else [],
+    }
 
 
 def race(found: dict[str, Deployment], args) -> dict[str, list[dict]]:
     names = contenders()
     stores = {name: (found[where].url, options) for name, (where, options) in names.items()}
-    print(f"Part 1: {args.processes} client processes x {args.threads} threads, closed loop, "
-          f"{WARM_UP:.0f} s warm-up + {args.duration:g} s per run, {args.rounds} rounds; "
-          f"contenders: {', '.join(names)}")
+    print(
+        f"Part 1: {args.processes} client processes x {args.threads} threads, closed loop, "
+        f"{WARM_UP:.0f} s warm-up + {args.duration:g} s per run, {args.rounds} rounds; "
+        f"contenders: {', '.join(names)}"
+    )
     if "cluster lease" not in names:
         print("  (ClusterStore takes no global_mode yet: no 'cluster lease' contender)")
     print_layout(found["cluster"])
-    print(f"{'round':>5} {'contender':14} {'decisions/s':>11} {'client us':>9} {'server us':>9} "
-          f"{'script us':>14} {'calls per primary':>18} {'degraded':>8} {'other/idle cores':>16}")
+    print(
+        f"{'round':>5} {'contender':14} {'decisions/s':>11} {'client us':>9} {'server us':>9} "
+        f"{'script us':>14} {'calls per primary':>18} {'degraded':>8} {'other/idle cores':>16}"
+    )
     rounds: dict[str, list[dict]] = {name: [] for name in names}
     clients = Clients(args.processes, args.threads, stores, args.timeout)
     try:
         order = list(names)
         for r in range(args.rounds):
-            for name in order[r % len(order):] + order[:r % len(order)]:
+            for name in order[r % len(order) :] + order[: r % len(order)]:
                 run = one_run(clients, name, found[names[name][0]], args.duration)
                 rounds[name].append(run)
                 shares = " / ".join(f"{s:.0%}" for s in run["shares"]) if len(run["shares"]) > 1 else ""
-                print(f"{r + 1:5} {name:14} {run['rate']:11,.0f} {run['client_us']:9.1f} {run['server_us']:9.1f}"
-                      f" {run['command']:>7} {run['script_us']:6.1f} {shares:>18} {run['degraded']:8}"
-                      f" {run['other_cores']:7.2f}/{run['idle_cores']:.2f}", flush=True)
+                print(
+                    f"{r + 1:5} {name:14} {run['rate']:11,.0f} {run['client_us']:9.1f} {run['server_us']:9.1f}"
+                    f" {run['command']:>7} {run['script_us']:6.1f} {shares:>18} {run['degraded']:8}"
+                    f" {run['other_cores']:7.2f}/{run['idle_cores']:.2f}",
+                    flush=True,
+                )
                 if run["admitted"] != run["decisions"]:
                     print(f"      {run['decisions'] - run['admitted']} decisions denied: the limits are too small")
     finally:
@@ -401,12 +471,15 @@ def print_layout(cluster: Deployment) -> None:
     for team in range(TEAMS):
         share[ports.index(owner[zlib.crc32(f"team-{team}".encode()) % shards])] += 1
     tags = [sum(1 for s in range(shards) if owner[s] == port) for port in ports]
-    print(f"  cluster: {shards} shard tags over {len(ports)} primaries: {' / '.join(map(str, tags))} tags,"
-          f" {' / '.join(f'{n / TEAMS:.0%}' for n in share)} of the teams (so of the decisions)")
+    print(
+        f"  cluster: {shards} shard tags over {len(ports)} primaries: {' / '.join(map(str, tags))} tags,"
+        f" {' / '.join(f'{n / TEAMS:.0%}' for n in share)} of the teams (so of the decisions)"
+    )
     client.close()
 
 
 # --- part 2: the ceiling of one node ---------------------------------------------------------
+
 
 @contextlib.contextmanager
 def captured() -> Iterator[list[list[bytes]]]:
@@ -416,9 +489,9 @@ def captured() -> Iterator[list[list[bytes]]]:
 
     def send(self, command, check_health=True):
         chunks = [command] if isinstance(command, (bytes, str)) else command
-        commands.append(parse_resp(b"".join(bytes(c) if not isinstance(c, str) else c.encode()
-                                            for c in chunks)))
+        commands.append(parse_resp(b"".join(bytes(c) if not isinstance(c, str) else c.encode() for c in chunks)))
         return original(self, command, check_health)
+
     AbstractConnection.send_packed_command = send
     try:
         yield commands
@@ -436,7 +509,7 @@ def parse_resp(data: bytes) -> list[bytes]:
         length, _, rest = rest.partition(b"\r\n")
         size = int(length[1:])
         args.append(rest[:size])
-        rest = rest[size + 2:]
+        rest = rest[size + 2 :]
     return args
 
 
@@ -459,16 +532,37 @@ def script_call(url: str) -> tuple[list[bytes], Any]:
 def redis_benchmark(server: Server, command: list[bytes], requests: int) -> dict:
     """redis-benchmark -c 50 -P 1 -r 1000 of `command` against `server`, with the server's CPU."""
     cpu0, t0 = server.cpu(), time.monotonic()
-    done = subprocess.run(["/usr/bin/redis-benchmark", "-p", str(server.port), "-n", str(requests),
-                           "-c", "50", "-P", "1", "-r", "1000", "--csv", *map(os.fsdecode, command)],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            "/usr/bin/redis-benchmark",
+            "-p",
+            str(server.port),
+            "-n",
+            str(requests),
+            "-c",
+            "50",
+            "-P",
+            "1",
+            "-r",
+            "1000",
+            "--csv",
+            *map(os.fsdecode, command),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     seconds, cpu = time.monotonic() - t0, server.cpu() - cpu0
     lines = [line for line in done.stdout.splitlines() if line and not line.startswith('"test"')]
     if done.returncode or not lines:
         raise SystemExit(f"redis-benchmark failed:\n{done.stdout}\n{done.stderr}")
     rate = float(lines[-1].split('","')[1])
-    return {"rate": rate, "server_cores": cpu / seconds, "per_core": requests / cpu if cpu else float("nan"),
-            "cpu_us": cpu / requests * 1e6}
+    return {
+        "rate": rate,
+        "server_cores": cpu / seconds,
+        "per_core": requests / cpu if cpu else float("nan"),
+        "cpu_us": cpu / requests * 1e6,
+    }
 
 
 def ceiling(found: dict[str, Deployment], args) -> dict[str, list[dict]]:
@@ -480,8 +574,10 @@ def ceiling(found: dict[str, Deployment], args) -> dict[str, list[dict]]:
     primary = next(s for s in found["cluster"].primaries if s.port == node.port)
     single = found["single"].primaries[0]
     keys_and_argument = cluster_call[2:]
-    runs = {f"cluster store's call ({cluster_call[0].decode().upper()}), on a primary": (primary, cluster_call),
-            f"single store's call ({single_call[0].decode().upper()}), on the plain server": (single, single_call)}
+    runs = {
+        f"cluster store's call ({cluster_call[0].decode().upper()}), on a primary": (primary, cluster_call),
+        f"single store's call ({single_call[0].decode().upper()}), on the plain server": (single, single_call),
+    }
     library = getattr(single_store, "library_source", None)
     if single_call[0].upper() == b"FCALL" and cluster_call[0].upper() != b"FCALL" and library:
         # What the cluster store would cost as a function library, as the single store sends it.
@@ -491,8 +587,10 @@ def ceiling(found: dict[str, Deployment], args) -> dict[str, list[dict]]:
     runs[f"trivial '{TRIVIAL}' (EVALSHA), same keys and argument, on a primary"] = (primary, trivial)
     cluster_store.close()
     single_store.close()
-    print(f"\nPart 2: redis-benchmark -n {args.requests:,} -c 50 -P 1 -r 1000, {args.ceiling_rounds} rounds"
-          " interleaved; the redis-server's CPU over each run. The commands:")
+    print(
+        f"\nPart 2: redis-benchmark -n {args.requests:,} -c 50 -P 1 -r 1000, {args.ceiling_rounds} rounds"
+        " interleaved; the redis-server's CPU over each run. The commands:"
+    )
     for name, (_, call) in runs.items():
         print(f"  {name}:\n    {' '.join(os.fsdecode(a) for a in call[:-1])} {os.fsdecode(call[-1])!r}")
     for name, (server, call) in runs.items():  # each answers as an allowed decision (or 1), not an error
@@ -504,8 +602,11 @@ def ceiling(found: dict[str, Deployment], args) -> dict[str, list[dict]]:
         for name, (server, call) in runs.items():
             run = redis_benchmark(server, call, args.requests)
             results[name].append(run)
-            print(f"  {r + 1} {name[:44]:44} {run['rate']:9,.0f} calls/s, server {run['server_cores']:.2f} cores,"
-                  f" {run['cpu_us']:5.1f} us CPU per call -> {run['per_core']:9,.0f} per core-second", flush=True)
+            print(
+                f"  {r + 1} {name[:44]:44} {run['rate']:9,.0f} calls/s, server {run['server_cores']:.2f} cores,"
+                f" {run['cpu_us']:5.1f} us CPU per call -> {run['per_core']:9,.0f} per core-second",
+                flush=True,
+            )
     return results
 
 
@@ -533,22 +634,25 @@ def shares(found: dict[str, Deployment], args) -> dict[str, dict[str, int]]:
         results[name] = {}
         for label, team_of in PATTERNS.items():
             prefix = f"share{zlib.crc32((name + label).encode())}"
-            stores = [store_from_url(found["cluster"].url, timeout=args.timeout, prefix=prefix, **options)
-                      for _ in range(args.share_stores)]
+            stores = [
+                store_from_url(found["cluster"].url, timeout=args.timeout, prefix=prefix, **options)
+                for _ in range(args.share_stores)
+            ]
             limiters = [HierarchicalLimiter.from_config(config, store=store) for store in stores]
             counter = iter(range(3 * SHARE_LIMIT))
             admitted = [0]
             lock = threading.Lock()
 
-            def work(limiter) -> None:
+            def work(limiter, counter=counter, team_of=team_of, lock=lock, admitted=admitted) -> None:
                 for n in counter:  # the iterator is shared: each decision is taken once
                     decision = limiter.acquire({"team": team_of(n), "global": "*"})
                     if decision.allowed:
                         with lock:
                             admitted[0] += 1
 
-            threads = [threading.Thread(target=work, args=(limiters[k % len(limiters)],))
-                       for k in range(4 * len(limiters))]
+            threads = [
+                threading.Thread(target=work, args=(limiters[k % len(limiters)],)) for k in range(4 * len(limiters))
+            ]
             for thread in threads:
                 thread.start()
             for thread in threads:
@@ -562,8 +666,9 @@ def shares(found: dict[str, Deployment], args) -> dict[str, dict[str, int]]:
 def report_shares(results: dict[str, dict[str, int]]) -> None:
     print(f"Part 3, admitted of a global {SHARE_LIMIT:,} (no refill) by {3 * SHARE_LIMIT:,} decisions at once:")
     for name, by_pattern in results.items():
-        print("  " + name + ": " + "; ".join(f"{label} {n:,} ({n / SHARE_LIMIT:.0%})"
-                                             for label, n in by_pattern.items()))
+        print(
+            "  " + name + ": " + "; ".join(f"{label} {n:,} ({n / SHARE_LIMIT:.0%})" for label, n in by_pattern.items())
+        )
 
 
 def spread(values: list[float], digits: int = 0, suffix: str = "") -> str:
@@ -572,27 +677,35 @@ def spread(values: list[float], digits: int = 0, suffix: str = "") -> str:
 
 
 def report(rounds: dict[str, list[dict]], ceilings: dict[str, list[dict]]) -> None:
-    print("\nPart 1, median round (min - max); 'by CPU': the single store's client + server CPU per"
-          " decision over this one's, round by round")
+    print(
+        "\nPart 1, median round (min - max); 'by CPU': the single store's client + server CPU per"
+        " decision over this one's, round by round"
+    )
     base = rounds["single Redis"]
     for name, runs in rounds.items():
         ratios = [run["rate"] / ref["rate"] for run, ref in zip(runs, base)]
-        by_cpu = [(ref["client_us"] + ref["server_us"]) / (run["client_us"] + run["server_us"])
-                  for run, ref in zip(runs, base)]
+        by_cpu = [
+            (ref["client_us"] + ref["server_us"]) / (run["client_us"] + run["server_us"])
+            for run, ref in zip(runs, base)
+        ]
         decisions, degraded = sum(r["decisions"] for r in runs), sum(r["degraded"] for r in runs)
-        print(f"  {name}: {spread([r['rate'] for r in runs])} decisions/s, {spread(ratios, 2, 'x')} of single"
-              f" (by CPU {spread(by_cpu, 2, 'x')})\n"
-              f"    CPU us per decision: client {spread([r['client_us'] for r in runs], 1)},"
-              f" server {spread([r['server_us'] for r in runs], 1)}; inside {runs[0]['command']}"
-              f" {spread([r['script_us'] for r in runs], 1)} us per call\n"
-              f"    {decisions:,} decisions counted, {degraded:,} degraded (not counted); other processes used up to"
-              f" {max(r['other_cores'] for r in runs):.2f} cores")
+        print(
+            f"  {name}: {spread([r['rate'] for r in runs])} decisions/s, {spread(ratios, 2, 'x')} of single"
+            f" (by CPU {spread(by_cpu, 2, 'x')})\n"
+            f"    CPU us per decision: client {spread([r['client_us'] for r in runs], 1)},"
+            f" server {spread([r['server_us'] for r in runs], 1)}; inside {runs[0]['command']}"
+            f" {spread([r['script_us'] for r in runs], 1)} us per call\n"
+            f"    {decisions:,} decisions counted, {degraded:,} degraded (not counted); other processes used up to"
+            f" {max(r['other_cores'] for r in runs):.2f} cores"
+        )
     if not ceilings:
         return
     print("Part 2, median round (min - max):")
     for name, runs in ceilings.items():
-        print(f"  {name}: {spread([r['rate'] for r in runs])} calls/s at {spread([r['server_cores'] for r in runs], 2)}"
-              f" server cores; {spread([r['per_core'] for r in runs])} calls per core-second of redis-server")
+        print(
+            f"  {name}: {spread([r['rate'] for r in runs])} calls/s at {spread([r['server_cores'] for r in runs], 2)}"
+            f" server cores; {spread([r['per_core'] for r in runs])} calls per core-second of redis-server"
+        )
     model(rounds, ceilings)
 
 
@@ -618,17 +731,24 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds counted per run")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--replicas", type=int, default=0, help="replicas per cluster primary")
-    parser.add_argument("--timeout", type=float, default=1.0,
-                        help="the stores' timeout, s (the service's default, 0.05, trips on a busy 2-core host)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=1.0,
+        help="the stores' timeout, s (the service's default, 0.05, trips on a busy 2-core host)",
+    )
     parser.add_argument("--requests", type=int, default=50_000, help="per redis-benchmark run")
     parser.add_argument("--ceiling-rounds", type=int, default=3, help="redis-benchmark rounds (0: skip)")
-    parser.add_argument("--share-stores", type=int, default=4,
-                        help="part 3: stores standing for worker processes (0: skip part 3)")
+    parser.add_argument(
+        "--share-stores", type=int, default=4, help="part 3: stores standing for worker processes (0: skip part 3)"
+    )
     parser.add_argument("--only-shares", action="store_true", help="run part 3 alone")
     args = parser.parse_args()
-    print(f"Python {sys.version.split()[0]}, redis-py {redis.__version__}, "
-          f"{subprocess.run(['/usr/bin/redis-server', '--version'], capture_output=True, text=True).stdout.split()[2]},"
-          f" {os.cpu_count()} cores")
+    print(
+        f"Python {sys.version.split()[0]}, redis-py {redis.__version__}, "
+        f"{subprocess.run(['/usr/bin/redis-server', '--version'], capture_output=True, text=True).stdout.split()[2]},"
+        f" {os.cpu_count()} cores"
+    )
     with deployments(args.replicas) as found:
         share_results = shares(found, args) if args.share_stores else {}
         if args.only_shares:

@@ -59,8 +59,7 @@ class ReferenceLimiter:
         self.levels = {level: [ReferenceBucket(*LIMITS[level])] for level in LIMITS}
 
     def acquire(self, keys, now, cost=1.0):
-        checks = [(level, rule, keys[level]) for level, rules in self.levels.items()
-                  if level in keys for rule in rules]
+        checks = [(level, rule, keys[level]) for level, rules in self.levels.items() if level in keys for rule in rules]
         worst, blocker = 0.0, None
         for level, rule, key in checks:
             wait = rule.wait_time(key, now, cost)
@@ -68,7 +67,7 @@ class ReferenceLimiter:
                 worst, blocker = wait, f"{level}: {rule.name}"
         if worst > 0:
             return (False, worst, blocker)
-        for level, rule, key in checks:
+        for _level, rule, key in checks:
             rule.take(key, now, cost)
         return (True, 0.0, None)
 
@@ -81,8 +80,7 @@ def workload(n: int) -> list[dict]:
 
 
 def run_ours(requests: list[dict], allowed: list | None = None) -> float:
-    config = {level: [{"type": "token_bucket", "capacity": c, "per_second": r}]
-              for level, (c, r) in LIMITS.items()}
+    config = {level: [{"type": "token_bucket", "capacity": c, "per_second": r}] for level, (c, r) in LIMITS.items()}
     clock = iter(simulated_times(len(requests))).__next__
     acquire = HierarchicalLimiter.from_config(config, store=MemoryStore(), clock=clock).acquire
     start = time.perf_counter()
@@ -130,8 +128,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--decisions", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--tight", action="store_true",
-                        help="a user bucket of 20 at 10/s, so that about half are denied")
+    parser.add_argument(
+        "--tight", action="store_true", help="a user bucket of 20 at 10/s, so that about half are denied"
+    )
     args = parser.parse_args()
     if args.tight:
         LIMITS["user"] = (20, 10)
@@ -153,8 +152,10 @@ def main() -> None:
         raise SystemExit(f"ours admitted {admitted[0]}, the reference {admitted[1]}: not the same work")
     rate = {name: args.decisions / seconds for name, seconds in best.items()}
     ours = rate["ours: 3-level, thread-safe, bounded"]
-    print(f"{args.decisions} decisions x {args.rounds} rounds, best round, Python {sys.version.split()[0]};"
-          f" ours and the reference both admitted {admitted[0]}")
+    print(
+        f"{args.decisions} decisions x {args.rounds} rounds, best round, Python {sys.version.split()[0]};"
+        f" ours and the reference both admitted {admitted[0]}"
+    )
     print(f"{'contender':40} {'decisions/s':>12} {'us/decision':>12} {'ours is':>9}")
     for name, value in rate.items():
         print(f"{name:40} {value:12,.0f} {1e6 / value:12.2f} {ours / value:8.2f}x")

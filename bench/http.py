@@ -71,11 +71,16 @@ LIMITS = {"user": (100, 50), "team": (2000, 1000), "global": (1_000_000, 100_000
 POLICY = {
     "default_tier": "bench",
     "levels": [{"name": level} for level in LIMITS],
-    "tiers": {"bench": {level: [{"type": "token_bucket", "capacity": c, "per_second": r}]
-                        for level, (c, r) in LIMITS.items()}},
+    "tiers": {
+        "bench": {level: [{"type": "token_bucket", "capacity": c, "per_second": r}] for level, (c, r) in LIMITS.items()}
+    },
 }
-PATHS = {"bare": "/bench/bare", "decision": "/api/v1/decisions", "batch": "/api/v1/decisions/batch",
-         "drf": "/bench/decisions-drf"}
+PATHS = {
+    "bare": "/bench/bare",
+    "decision": "/api/v1/decisions",
+    "batch": "/api/v1/decisions/batch",
+    "drf": "/bench/decisions-drf",
+}
 ALLOWED = b'"allowed":true'
 # A degraded decision never reached Redis: the store timed out (LIMITER_STORE_TIMEOUT) or its
 # breaker was open, and the level's fail mode decided. Counted, and flagged in the report.
@@ -98,13 +103,17 @@ def bodies(endpoint: str, batch_size: int, seed: int = 7) -> list[bytes]:
     if endpoint != "batch":
         return [json.dumps({"keys": keys_of(user)}).encode() for user in range(USERS)]
     rng = random.Random(seed)
-    return [json.dumps({"requests": [{"keys": keys_of(rng.randrange(USERS))} for _ in range(batch_size)]}).encode()
-            for _ in range(200)]
+    return [
+        json.dumps({"requests": [{"keys": keys_of(rng.randrange(USERS))} for _ in range(batch_size)]}).encode()
+        for _ in range(200)
+    ]
 
 
 def http_request(path: str, body: bytes, port: int, token: str) -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 # The load generator ------------------------------------------------------------------------
@@ -132,7 +141,7 @@ class Connection:
             data += self._more()
         head = data[:end].lower()
         length = content_length(head)
-        body = data[end + 4:]
+        body = data[end + 4 :]
         while len(body) < length:
             body += self._more()
         if b"\r\nconnection: close" in head:
@@ -160,7 +169,7 @@ def content_length(head: bytes) -> int:
     if at < 0:
         raise ValueError(f"an answer without Content-Length: {head[:200]!r}")
     end = head.find(b"\r\n", at + 2)
-    return int(head[at + 17:end if end > 0 else None])
+    return int(head[at + 17 : end if end > 0 else None])
 
 
 class Tally(NamedTuple):
@@ -174,8 +183,7 @@ class Tally(NamedTuple):
     reconnects: int
 
 
-def drive(port: int, requests: list[bytes], per_request: int, start: float, t0: float, t1: float,
-          seed: int) -> Tally:
+def drive(port: int, requests: list[bytes], per_request: int, start: float, t0: float, t1: float, seed: int) -> Tally:
     """Send `requests` in a shuffled cycle from `start` until `t1`; count answers in [t0, t1)."""
     order = list(range(len(requests)))
     random.Random(seed).shuffle(order)
@@ -198,7 +206,7 @@ def drive(port: int, requests: list[bytes], per_request: int, start: float, t0: 
             latencies.append(done - sent)
             if status != 200:
                 errors += 1
-            allowed += body.count(ALLOWED) if per_request > 1 else body.startswith(b'{' + ALLOWED)
+            allowed += body.count(ALLOWED) if per_request > 1 else body.startswith(b"{" + ALLOWED)
             degraded += body.count(DEGRADED)
     connection.sock.close()
     return Tally(latencies, errors, len(latencies) * per_request, allowed, degraded, connection.opened - 1)
@@ -235,7 +243,7 @@ class Usage(NamedTuple):
     system: float
     switches: int
 
-    def __sub__(self, other: "Usage") -> "Usage":
+    def __sub__(self, other: Usage) -> Usage:
         return Usage(self.user - other.user, self.system - other.system, self.switches - other.switches)
 
 
@@ -271,8 +279,9 @@ def load(port: int, requests: list[bytes], per_request: int, args, servers: dict
     pipes, children = [], []
     for k, threads in enumerate(share):
         ours, theirs = context.Pipe(duplex=False)
-        child = context.Process(target=client_process,
-                                args=(port, requests, per_request, threads, start, t0, t1, k + 1, theirs))
+        child = context.Process(
+            target=client_process, args=(port, requests, per_request, threads, start, t0, t1, k + 1, theirs)
+        )
         child.start()
         pipes.append(ours)
         children.append(child)
@@ -329,8 +338,13 @@ def summarise(results, used: dict[str, Usage], idle: float, per_request: int, ar
 def serve(args, url: str):
     from tests.serving import Service
 
-    return Service(POLICY, redis_url=url, workers=args.workers, threads=args.threads,
-                   extra_env={"DJANGO_SETTINGS_MODULE": "bench.settings"})
+    return Service(
+        POLICY,
+        redis_url=url,
+        workers=args.workers,
+        threads=args.threads,
+        extra_env={"DJANGO_SETTINGS_MODULE": "bench.settings"},
+    )
 
 
 def check_endpoints(service, port: int, token: str, batch_size: int) -> None:
@@ -352,9 +366,13 @@ def bench(args) -> None:
         check_endpoints(service, port, token, args.batch_size)
         redis_pid = int(connect(url).info("server")["process_id"])
         servers = {"gunicorn": [service.process.pid, *service.worker_pids()], "redis-server": [redis_pid]}
-        work = {endpoint: ([http_request(PATHS[endpoint], body, port, token)
-                            for body in bodies(endpoint, args.batch_size)],
-                           args.batch_size if endpoint == "batch" else 1) for endpoint in args.endpoints}
+        work = {
+            endpoint: (
+                [http_request(PATHS[endpoint], body, port, token) for body in bodies(endpoint, args.batch_size)],
+                args.batch_size if endpoint == "batch" else 1,
+            )
+            for endpoint in args.endpoints
+        }
         print(HEADER)
         for number in range(1, args.rounds + 1):
             found = {}
@@ -369,19 +387,24 @@ def bench(args) -> None:
 
 # Reporting ---------------------------------------------------------------------------------
 
-HEADER = (f"{'round':>5} {'endpoint':9} {'req/s':>8} {'decisions/s':>12} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'max ms':>7} {'allowed':>8} {'degraded':>8} {'errors':>6} | CPU us per request: gunicorn (system share, "
-          f"context switches), redis-server, load generator | idle | other processes")
+HEADER = (
+    f"{'round':>5} {'endpoint':9} {'req/s':>8} {'decisions/s':>12} {'p50 ms':>7} {'p99 ms':>7} "
+    f"{'max ms':>7} {'allowed':>8} {'degraded':>8} {'errors':>6} | CPU us per request: gunicorn (system share, "
+    f"context switches), redis-server, load generator | idle | other processes"
+)
 
 
 def print_run(number, endpoint: str, found: dict) -> None:
     cpu = found["cpu_us"]
-    print(f"{number:>5} {endpoint:9} {found['requests_s']:8,.0f} {found['decisions_s']:12,.0f} "
-          f"{found['p50_ms']:7.2f} {found['p99_ms']:7.2f} {found['max_ms']:7.1f} {found['allowed']:8.1%} "
-          f"{found['degraded']:8.1%} "
-          f"{found['errors']:6} | {cpu['gunicorn']:6,.0f} ({found['gunicorn_system']:.0%} sys, "
-          f"{found['switches']:.1f} sw), {cpu['redis-server']:4,.0f}, {cpu['load generator']:3,.0f} | "
-          f"{found['idle']:3.0%} | {found['other_cores']:.2f} cores", flush=True)
+    print(
+        f"{number:>5} {endpoint:9} {found['requests_s']:8,.0f} {found['decisions_s']:12,.0f} "
+        f"{found['p50_ms']:7.2f} {found['p99_ms']:7.2f} {found['max_ms']:7.1f} {found['allowed']:8.1%} "
+        f"{found['degraded']:8.1%} "
+        f"{found['errors']:6} | {cpu['gunicorn']:6,.0f} ({found['gunicorn_system']:.0%} sys, "
+        f"{found['switches']:.1f} sw), {cpu['redis-server']:4,.0f}, {cpu['load generator']:3,.0f} | "
+        f"{found['idle']:3.0%} | {found['other_cores']:.2f} cores",
+        flush=True,
+    )
 
 
 def median(rounds: list[dict], endpoint: str, field: str) -> float:
@@ -390,29 +413,41 @@ def median(rounds: list[dict], endpoint: str, field: str) -> float:
 
 def report(rounds: list[dict], args) -> dict:
     """The median round of each endpoint, and the ratios against the targets."""
-    print(f"\nmedian of {len(rounds)} interleaved rounds; {args.connections} connections from "
-          f"{min(args.client_processes, args.connections)} load processes; gunicorn -w {args.workers} "
-          f"--threads {args.threads}; batch {args.batch_size}; {args.duration:g} s per run after "
-          f"{args.warmup:g} s warm-up; Python {sys.version.split()[0]}, {os.cpu_count()} cores")
-    print("The load generator, redis-server and gunicorn share the same cores: every figure is "
-          "for this whole machine, client included.")
-    print(f"{'endpoint':9} {'req/s':>8} {'decisions/s':>12} {'p50 ms':>7} {'p99 ms':>7} {'allowed':>8} "
-          f"{'CPU us/req: gunicorn':>21} {'all three':>10}")
+    print(
+        f"\nmedian of {len(rounds)} interleaved rounds; {args.connections} connections from "
+        f"{min(args.client_processes, args.connections)} load processes; gunicorn -w {args.workers} "
+        f"--threads {args.threads}; batch {args.batch_size}; {args.duration:g} s per run after "
+        f"{args.warmup:g} s warm-up; Python {sys.version.split()[0]}, {os.cpu_count()} cores"
+    )
+    print(
+        "The load generator, redis-server and gunicorn share the same cores: every figure is "
+        "for this whole machine, client included."
+    )
+    print(
+        f"{'endpoint':9} {'req/s':>8} {'decisions/s':>12} {'p50 ms':>7} {'p99 ms':>7} {'allowed':>8} "
+        f"{'CPU us/req: gunicorn':>21} {'all three':>10}"
+    )
     for endpoint in args.endpoints:
         cpu = statistics.median(found[endpoint]["cpu_us"]["gunicorn"] for found in rounds)
-        print(f"{endpoint:9} {median(rounds, endpoint, 'requests_s'):8,.0f} "
-              f"{median(rounds, endpoint, 'decisions_s'):12,.0f} {median(rounds, endpoint, 'p50_ms'):7.2f} "
-              f"{median(rounds, endpoint, 'p99_ms'):7.2f} {median(rounds, endpoint, 'allowed'):8.1%} {cpu:21,.0f} "
-              f"{statistics.median(machine_us(found[endpoint]) for found in rounds):10,.0f}")
+        print(
+            f"{endpoint:9} {median(rounds, endpoint, 'requests_s'):8,.0f} "
+            f"{median(rounds, endpoint, 'decisions_s'):12,.0f} {median(rounds, endpoint, 'p50_ms'):7.2f} "
+            f"{median(rounds, endpoint, 'p99_ms'):7.2f} {median(rounds, endpoint, 'allowed'):8.1%} {cpu:21,.0f} "
+            f"{statistics.median(machine_us(found[endpoint]) for found in rounds):10,.0f}"
+        )
     degraded = max(found[endpoint]["degraded"] for found in rounds for endpoint in args.endpoints)
     if degraded:
-        print(f"DEGRADED decisions in some runs (up to {degraded:.1%}): Redis did not answer within "
-              f"LIMITER_STORE_TIMEOUT, or the breaker was open, and the fail mode decided without it. "
-              f"Those runs measure the fail-open path, not Redis: compare runs without any.")
+        print(
+            f"DEGRADED decisions in some runs (up to {degraded:.1%}): Redis did not answer within "
+            f"LIMITER_STORE_TIMEOUT, or the breaker was open, and the fail mode decided without it. "
+            f"Those runs measure the fail-open path, not Redis: compare runs without any."
+        )
     other = max(found[endpoint]["other_cores"] for found in rounds for endpoint in args.endpoints)
     if other > 0.1:
-        print(f"Other processes used up to {other:.2f} cores during these runs: the figures above are "
-              f"lower and noisier than on a quiet machine (see each run's last column).")
+        print(
+            f"Other processes used up to {other:.2f} cores during these runs: the figures above are "
+            f"lower and noisier than on a quiet machine (see each run's last column)."
+        )
     return ratios(rounds, args)
 
 
@@ -426,39 +461,51 @@ def ratios(rounds: list[dict], args) -> dict:
             per_round = [r["decision"]["requests_s"] / r["bare"]["requests_s"] for r in clean]
             cpu = [machine_us(r["bare"]) / machine_us(r["decision"]) for r in clean]
             found["ratio"] = statistics.median(per_round)
-            print(f"decision / bare requests/s: {found['ratio']:.2f}x median (rounds {spread(per_round)}); "
-                  f"target >= {TARGETS['ratio']}x: {verdict(found['ratio'] >= TARGETS['ratio'])}. By CPU per "
-                  f"request of all three (what a quiet machine would give): {statistics.median(cpu):.2f}x "
-                  f"(rounds {spread(cpu)}){excluded(rounds, clean)}")
+            print(
+                f"decision / bare requests/s: {found['ratio']:.2f}x median (rounds {spread(per_round)}); "
+                f"target >= {TARGETS['ratio']}x: {verdict(found['ratio'] >= TARGETS['ratio'])}. By CPU per "
+                f"request of all three (what a quiet machine would give): {statistics.median(cpu):.2f}x "
+                f"(rounds {spread(cpu)}){excluded(rounds, clean)}"
+            )
         else:
             print("decision / bare: every round had degraded decisions; rerun on a quieter machine")
     if "decision" in args.endpoints:
         clean = [r for r in rounds if not r["decision"]["degraded"]] or rounds
         p99 = statistics.median(r["decision"]["p99_ms"] for r in clean)
-        note = "" if args.connections == TARGETS["p99_connections"] else \
-            f" (the target is stated at {TARGETS['p99_connections']} connections; this run used {args.connections})"
-        print(f"decision p99: {p99:.1f} ms median (rounds {spread([r['decision']['p99_ms'] for r in clean], 'ms')})"
-              f" at {args.connections} connections; target <= {TARGETS['p99_ms']:g} ms: "
-              f"{verdict(p99 <= TARGETS['p99_ms'])}{note}")
+        note = (
+            ""
+            if args.connections == TARGETS["p99_connections"]
+            else f" (the target is stated at {TARGETS['p99_connections']} connections;"
+            f" this run used {args.connections})"
+        )
+        print(
+            f"decision p99: {p99:.1f} ms median (rounds {spread([r['decision']['p99_ms'] for r in clean], 'ms')})"
+            f" at {args.connections} connections; target <= {TARGETS['p99_ms']:g} ms: "
+            f"{verdict(p99 <= TARGETS['p99_ms'])}{note}"
+        )
         found["p99_ms"] = p99
     if {"decision", "drf"} <= set(args.endpoints):
         clean = [r for r in rounds if not r["decision"]["degraded"] and not r["drf"]["degraded"]]
         if clean:
             per_round = [r["decision"]["requests_s"] / r["drf"]["requests_s"] for r in clean]
             cpu = [machine_us(r["drf"]) / machine_us(r["decision"]) for r in clean]
-            print(f"decision (lean path) / the same through DRF's dispatch, requests/s: "
-                  f"{statistics.median(per_round):.2f}x median (rounds {spread(per_round)}); by CPU per request of "
-                  f"all three: {statistics.median(cpu):.2f}x (rounds {spread(cpu)}){excluded(rounds, clean)}")
+            print(
+                f"decision (lean path) / the same through DRF's dispatch, requests/s: "
+                f"{statistics.median(per_round):.2f}x median (rounds {spread(per_round)}); by CPU per request of "
+                f"all three: {statistics.median(cpu):.2f}x (rounds {spread(cpu)}){excluded(rounds, clean)}"
+            )
     if {"decision", "batch"} <= set(args.endpoints):
         clean = [r for r in rounds if not r["decision"]["degraded"] and not r["batch"]["degraded"]]
         if clean:
             per_round = [r["batch"]["decisions_s"] / r["decision"]["decisions_s"] for r in clean]
             cpu = [machine_us(r["decision"]) * args.batch_size / machine_us(r["batch"]) for r in clean]
             found["batch"] = statistics.median(per_round)
-            print(f"batch / single decisions/s: {found['batch']:.1f}x median (rounds {spread(per_round)}); "
-                  f"target >= {TARGETS['batch']:g}x: {verdict(found['batch'] >= TARGETS['batch'])}. By CPU per "
-                  f"decision of all three: {statistics.median(cpu):.1f}x (rounds {spread(cpu)})"
-                  f"{excluded(rounds, clean)}")
+            print(
+                f"batch / single decisions/s: {found['batch']:.1f}x median (rounds {spread(per_round)}); "
+                f"target >= {TARGETS['batch']:g}x: {verdict(found['batch'] >= TARGETS['batch'])}. By CPU per "
+                f"decision of all three: {statistics.median(cpu):.1f}x (rounds {spread(cpu)})"
+                f"{excluded(rounds, clean)}"
+            )
         else:
             print("batch / single: every round had degraded decisions; rerun on a quieter machine")
     return found
@@ -475,8 +522,11 @@ def machine_us(found: dict) -> float:
 
 
 def spread(values: list[float], unit: str = "x") -> str:
-    return f"{min(values):.2f}{unit} - {max(values):.2f}{unit}" if unit == "x" else \
-        f"{min(values):.1f} - {max(values):.1f} {unit}"
+    return (
+        f"{min(values):.2f}{unit} - {max(values):.2f}{unit}"
+        if unit == "x"
+        else f"{min(values):.1f} - {max(values):.1f} {unit}"
+    )
 
 
 def verdict(met: bool) -> str:
@@ -500,24 +550,56 @@ def profile_in_child(service, url: str, args) -> None:
     Django starts with the bench settings, and Prometheus in multiprocess mode, as under
     gunicorn)."""
     with tempfile.TemporaryDirectory(prefix="bench-metrics-") as metrics:
-        env = {**service.env, "REDIS_URL": url, "DJANGO_SETTINGS_MODULE": "bench.settings",
-               "PROMETHEUS_MULTIPROC_DIR": metrics, "BENCH_TOKEN": service.token}
-        print(f"\nWhere a decision's time goes (in one process: the Django WSGI handler called "
-              f"directly with the bench settings, the same database and Redis, no gunicorn, no load):",
-              flush=True)
-        subprocess.run([sys.executable, os.path.abspath(__file__), "--profile-child",
-                        "--profile-requests", str(args.profile_requests)], env=env, cwd=ROOT, check=True)
+        env = {
+            **service.env,
+            "REDIS_URL": url,
+            "DJANGO_SETTINGS_MODULE": "bench.settings",
+            "PROMETHEUS_MULTIPROC_DIR": metrics,
+            "BENCH_TOKEN": service.token,
+        }
+        print(
+            "\nWhere a decision's time goes (in one process: the Django WSGI handler called "
+            "directly with the bench settings, the same database and Redis, no gunicorn, no load):",
+            flush=True,
+        )
+        subprocess.run(
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--profile-child",
+                "--profile-requests",
+                str(args.profile_requests),
+            ],
+            env=env,
+            cwd=ROOT,
+            check=True,
+        )
 
 
 def environ(path: str, body: bytes, token: str) -> dict:
     import io
 
-    return {"REQUEST_METHOD": "POST", "PATH_INFO": path, "SCRIPT_NAME": "", "QUERY_STRING": "",
-            "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8000", "SERVER_PROTOCOL": "HTTP/1.1",
-            "REMOTE_ADDR": "127.0.0.1", "HTTP_HOST": "127.0.0.1:8000", "CONTENT_TYPE": "application/json",
-            "CONTENT_LENGTH": str(len(body)), "HTTP_AUTHORIZATION": f"Bearer {token}",
-            "wsgi.input": io.BytesIO(body), "wsgi.errors": sys.stderr, "wsgi.url_scheme": "http",
-            "wsgi.version": (1, 0), "wsgi.multithread": True, "wsgi.multiprocess": True, "wsgi.run_once": False}
+    return {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": path,
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "SERVER_NAME": "127.0.0.1",
+        "SERVER_PORT": "8000",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "REMOTE_ADDR": "127.0.0.1",
+        "HTTP_HOST": "127.0.0.1:8000",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": str(len(body)),
+        "HTTP_AUTHORIZATION": f"Bearer {token}",
+        "wsgi.input": io.BytesIO(body),
+        "wsgi.errors": sys.stderr,
+        "wsgi.url_scheme": "http",
+        "wsgi.version": (1, 0),
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": True,
+        "wsgi.run_once": False,
+    }
 
 
 def cpu_per_call(step, n: int, first: int = 0) -> tuple[float, float]:
@@ -568,8 +650,10 @@ def profile_child(n: int) -> None:
             with patched(patches):
                 found[name].append(cpu_per_call(step, chunk, cycle * chunk))
     batch = cpu_per_call(lambda i: call(PATHS["batch"], batches[i % len(batches)]), max(10, n // 100))
-    whole = {name: (statistics.median(c for c, _ in values), statistics.median(w for _, w in values))
-             for name, values in found.items()}
+    whole = {
+        name: (statistics.median(c for c, _ in values), statistics.median(w for _, w in values))
+        for name, values in found.items()
+    }
     print_ablations(whole, (batch[0] / 100, batch[1] / 100), for_scale(call, singles, n))
     cprofile(decision, n)
 
@@ -599,13 +683,16 @@ def ablations() -> dict[str, list[tuple[object, dict]]]:
 
     view = decisions.DecisionView
     steps = {
-        "token authentication + CanDecide": [(decisions, {"bearer_identity": lambda header: identity}),
-                                             (view, {"permission_classes": ()})],
+        "token authentication + CanDecide": [
+            (decisions, {"bearer_identity": lambda header: identity}),
+            (view, {"permission_classes": ()}),
+        ],
         "body: read + json.loads (read_json)": [(decisions, {"read_json": lambda request: {"keys": some_keys}})],
         "parse_decision": [(decisions, {"parse_decision": lambda data, p: asked})],
         "policy cache: current() + limiter_for()": [(decisions, {"policy_cache": Cached})],
         "limiter.acquire: plan + EVALSHA round trip": [
-            (HierarchicalLimiter, {"acquire": lambda self, keys, cost=1, priority=None: fixed})],
+            (HierarchicalLimiter, {"acquire": lambda self, keys, cost=1, priority=None: fixed})
+        ],
         "record: Prometheus counters + denial stats": [(decisions, {"record": lambda keys, d: None})],
         "RateLimit headers (decision_headers)": [(decisions, {"decision_headers": lambda *a: {}})],
     }
@@ -646,10 +733,14 @@ def for_scale(call, singles: list[bytes], n: int) -> list[tuple[str, float, floa
     users = [keys_of(user) for user in range(USERS)]
     acquire = lambda i: limiter.acquire(users[i % USERS])  # noqa: E731
     bare = lambda i: call(PATHS["bare"], singles[i % USERS])  # noqa: E731
-    rows = [("whole request, plain Django view (no DRF)", *cpu_per_call(
-                lambda i: call("/bench/plain", singles[i % USERS]), n)),
-            ("limiter.acquire alone, back to back", *cpu_per_call(acquire, n)),
-            ("limiter.acquire alone, between bare requests", *alone(acquire, bare, n))]
+    rows = [
+        (
+            "whole request, plain Django view (no DRF)",
+            *cpu_per_call(lambda i: call("/bench/plain", singles[i % USERS]), n),
+        ),
+        ("limiter.acquire alone, back to back", *cpu_per_call(acquire, n)),
+        ("limiter.acquire alone, between bare requests", *alone(acquire, bare, n)),
+    ]
     client = getattr(cache.store, "client", None)
     if client is not None:
         sha = client.script_load("return 1")
@@ -660,9 +751,13 @@ def for_scale(call, singles: list[bytes], n: int) -> list[tuple[str, float, floa
             connection.send_packed_command(packed, check_health=False)
             return connection.read_response()
 
-        rows += [("EVALSHA `return 1` through redis-py (client.evalsha)",
-                  *cpu_per_call(lambda i: client.evalsha(sha, 1, "bench:floor"), n)),
-                 ("the same on a raw connection (send_packed_command)", *cpu_per_call(raw, n))]
+        rows += [
+            (
+                "EVALSHA `return 1` through redis-py (client.evalsha)",
+                *cpu_per_call(lambda i: client.evalsha(sha, 1, "bench:floor"), n),
+            ),
+            ("the same on a raw connection (send_packed_command)", *cpu_per_call(raw, n)),
+        ]
         client.connection_pool.release(connection)
     return rows
 
@@ -682,8 +777,12 @@ def alone(step, between, n: int) -> tuple[float, float]:
 def print_ablations(whole: dict, batch: tuple[float, float], scale: list) -> None:
     bare, decision = whole["bare"], whole["decision"]
     print(f"{'whole request in Django (median of interleaved chunks)':58} {'CPU us':>7} {'wall us':>8}")
-    for name, (cpu, wall) in (("bare view", bare), ("decision (the lean path)", decision),
-                              (DRF_PATH, whole[DRF_PATH]), ("batch of 100, per decision", batch)):
+    for name, (cpu, wall) in (
+        ("bare view", bare),
+        ("decision (the lean path)", decision),
+        (DRF_PATH, whole[DRF_PATH]),
+        ("batch of 100, per decision", batch),
+    ):
         print(f"  {name:56} {cpu:7.1f} {wall:8.1f}")
     print(f"{'a decision without ... (saving = that step in place)':58} {'CPU us':>7} {'wall us':>8}")
     for name, (cpu, wall) in whole.items():
@@ -693,24 +792,32 @@ def print_ablations(whole: dict, batch: tuple[float, float], scale: list) -> Non
     for name, cpu, wall in scale:
         print(f"  {name:56} {cpu:7.1f} {wall:8.1f}")
     rest = whole["all of the above"][0] - bare[0]
-    print(f"decision - bare: {decision[0] - bare[0]:.1f} us CPU; with every step above taken out the "
-          f"decision still costs {rest:+.1f} us CPU against the bare view")
+    print(
+        f"decision - bare: {decision[0] - bare[0]:.1f} us CPU; with every step above taken out the "
+        f"decision still costs {rest:+.1f} us CPU against the bare view"
+    )
 
 
 OURS = [  # (a file of this repository, or a folder with its slash, its category)
-    ("policies/tokens.py", "auth: token"), ("policies/api/auth.py", "auth: token"),
-    ("policies/api/requests.py", "parse_decision"), ("policies/compile.py", "policy cache"),
+    ("policies/tokens.py", "auth: token"),
+    ("policies/api/auth.py", "auth: token"),
+    ("policies/api/requests.py", "parse_decision"),
+    ("policies/compile.py", "policy cache"),
     ("policies/api/answers.py", "decision body + RateLimit headers"),
     ("policies/headers.py", "decision body + RateLimit headers"),
     ("policies/api/observe.py", "record: metrics + denial stats"),
     ("core/stats.py", "record: metrics + denial stats"),
-    ("policies/api/decisions.py", "the view itself"), ("core/", "engine: limiter + Redis store"),
+    ("policies/api/decisions.py", "the view itself"),
+    ("core/", "engine: limiter + Redis store"),
     ("bench/", "bench harness"),
 ]
 LIBRARIES = [  # (a folder in site-packages or the stdlib, its category)
-    ("prometheus_client/", "record: metrics + denial stats"), ("django_redis/", "redis-py (client side)"),
-    ("redis/", "redis-py (client side)"), ("hiredis/", "redis-py (client side)"),
-    ("rest_framework/", "DRF"), ("django/", "Django: handler, middleware, request, response"),
+    ("prometheus_client/", "record: metrics + denial stats"),
+    ("django_redis/", "redis-py (client side)"),
+    ("redis/", "redis-py (client side)"),
+    ("hiredis/", "redis-py (client side)"),
+    ("rest_framework/", "DRF"),
+    ("django/", "Django: handler, middleware, request, response"),
     ("json/", "json"),
 ]
 SOCKET_CALLS = ("'sendall'", "'send'", "'recv'", "'recv_into'")
@@ -723,7 +830,7 @@ def category(function: tuple) -> str | None:
     if path == "~":
         return "socket calls (Redis round trip)" if any(call in name for call in SOCKET_CALLS) else None
     if path.startswith(ROOT + "/") and "site-packages/" not in path:
-        inside = path[len(ROOT) + 1:]
+        inside = path[len(ROOT) + 1 :]
         return next((found for part, found in OURS if inside.startswith(part)), "ours: other")
     inside = path.split("site-packages/", 1)[-1] if "site-packages/" in path else path.rsplit("python3.11/", 1)[-1]
     return next((found for part, found in LIBRARIES if inside.startswith(part)), "other (stdlib, other packages)")
@@ -744,15 +851,24 @@ def cprofile(step, n: int) -> None:
     totals: dict[str, float] = {}
     for function, (_, _, tottime, _, callers) in stats.items():
         found = category(function)
-        shares = {found: tottime} if found is not None else {
-            category(caller) or "other (stdlib, other packages)": tottime * value[2] / (
-                sum(v[2] for v in callers.values()) or 1.0) for caller, value in callers.items()}
+        shares = (
+            {found: tottime}
+            if found is not None
+            else {
+                category(caller) or "other (stdlib, other packages)": tottime
+                * value[2]
+                / (sum(v[2] for v in callers.values()) or 1.0)
+                for caller, value in callers.items()
+            }
+        )
         for name, seconds in shares.items():
             totals[name] = totals.get(name, 0.0) + seconds
     totals.pop("bench harness", None)
     everything = sum(totals.values())
-    print(f"cProfile of {n:,} decisions, CPU us per request by category (the profiler inflates "
-          f"every call, so read these as shares):")
+    print(
+        f"cProfile of {n:,} decisions, CPU us per request by category (the profiler inflates "
+        f"every call, so read these as shares):"
+    )
     for name, seconds in sorted(totals.items(), key=lambda item: -item[1]):
         print(f"  {name:56} {1e6 * seconds / n:7.1f} {seconds / everything:6.1%}")
     print("  top functions by own time:")
@@ -774,13 +890,23 @@ def parse_args():
     parser.add_argument("--threads", type=int, default=8, help="gunicorn --threads")
     parser.add_argument("--batch-size", type=int, default=100, help="decisions per batch request")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median counts")
-    parser.add_argument("--endpoints", default="bare,decision,batch",
-                        help="comma-separated, in the order each round runs them (also: drf, the decision "
-                             "through DRF's own dispatch)")
-    parser.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
-                        help="time the decision's pieces (auto: when the decision misses 0.8x bare)")
-    parser.add_argument("--profile-requests", type=int, default=3000,
-                        help="requests per variant when profiling (in interleaved chunks of 200)")
+    parser.add_argument(
+        "--endpoints",
+        default="bare,decision,batch",
+        help="comma-separated, in the order each round runs them (also: drf, the decision through DRF's own dispatch)",
+    )
+    parser.add_argument(
+        "--profile",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="time the decision's pieces (auto: when the decision misses 0.8x bare)",
+    )
+    parser.add_argument(
+        "--profile-requests",
+        type=int,
+        default=3000,
+        help="requests per variant when profiling (in interleaved chunks of 200)",
+    )
     parser.add_argument("--profile-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.endpoints = [e.strip() for e in args.endpoints.split(",") if e.strip()]

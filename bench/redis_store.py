@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -51,8 +51,9 @@ from core.stores.redis import RedisError, RedisStore, connect  # noqa: E402
 USERS, TEAMS = 1000, 50
 LIMITS = {"user": (100, 50), "team": (2000, 1000), "global": (1_000_000, 100_000)}
 RAW_SCRIPT = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
-RAW_LIBRARY = ("#!lua name=bench_raw\n"
-               f"redis.register_function('bench_raw_incrby', function(KEYS, ARGV) {RAW_SCRIPT} end)")
+RAW_LIBRARY = (
+    f"#!lua name=bench_raw\nredis.register_function('bench_raw_incrby', function(KEYS, ARGV) {RAW_SCRIPT} end)"
+)
 # Memory rules: TTLs far longer than the ~20 s it takes to make the keys, so none expires
 # before used_memory is read: one take leaves this token bucket full again in 600 s.
 MEMORY_RULES = {
@@ -76,9 +77,26 @@ def redis_server(url: str | None) -> Iterator[str]:
     workdir = tempfile.mkdtemp(prefix="bench-redis-")
     port = free_port()
     server = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", workdir, "--daemonize", "no", "--loglevel", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            workdir,
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         url = f"redis://127.0.0.1:{port}/0"
         wait_for(url, server)
@@ -124,8 +142,7 @@ def workload(n: int) -> list[dict]:
 
 
 def ours(url: str) -> Callable[[list[dict]], tuple[float, int]]:
-    config = {level: [{"type": "token_bucket", "capacity": c, "per_second": r}]
-              for level, (c, r) in LIMITS.items()}
+    config = {level: [{"type": "token_bucket", "capacity": c, "per_second": r}] for level, (c, r) in LIMITS.items()}
     store = RedisStore(url=url, timeout=PATIENCE)
     acquire = HierarchicalLimiter.from_config(config, store=store).acquire
 
@@ -140,6 +157,7 @@ def ours(url: str) -> Callable[[list[dict]], tuple[float, int]]:
         if degraded:  # the store failed open: these decisions never reached Redis
             raise SystemExit(f"{degraded} decisions were degraded (Redis timed out); rerun")
         return elapsed, admitted
+
     return run
 
 
@@ -155,6 +173,7 @@ def limits_hits(url: str, strategy) -> Callable[[list[dict]], tuple[float, int]]
         for user in users:
             admitted += hit(item, "user", user)
         return time.perf_counter() - start, admitted
+
     return run
 
 
@@ -169,6 +188,7 @@ def raw_evalsha(url: str) -> Callable[[list[dict]], tuple[float, int]]:
         for key in keys:
             evalsha(sha, 1, key, 1)
         return time.perf_counter() - start, len(keys)
+
     return run
 
 
@@ -178,12 +198,15 @@ def raw_fcall(url: str) -> Callable[[list[dict]], tuple[float, int]]:
     call = held_connections(client.connection_pool).call
 
     def run(requests: list[dict]) -> tuple[float, int]:
-        commands = [b"*5\r\n$5\r\nFCALL\r\n$16\r\nbench_raw_incrby\r\n$1\r\n1\r\n$%d\r\n%s\r\n$1\r\n1\r\n"
-                    % (len(key), key) for key in (f"raw:{{{keys['user']}}}".encode() for keys in requests)]
+        commands = [
+            b"*5\r\n$5\r\nFCALL\r\n$16\r\nbench_raw_incrby\r\n$1\r\n1\r\n$%d\r\n%s\r\n$1\r\n1\r\n" % (len(key), key)
+            for key in (f"raw:{{{keys['user']}}}".encode() for keys in requests)
+        ]
         start = time.perf_counter()
         for command in commands:
             call(command)
         return time.perf_counter() - start, len(commands)
+
     run.client = client  # the held connections refer to its pool weakly: keep it alive
     return run
 
@@ -198,8 +221,10 @@ def server_usec(admin, reset: bool = False) -> tuple[int, int]:
         admin.config_resetstat()
         return 0, 0
     stats = admin.info("commandstats")
-    return (sum(stats.get(name, {}).get("calls", 0) for name in SCRIPT_CALLS),
-            sum(stats.get(name, {}).get("usec", 0) for name in SCRIPT_CALLS))
+    return (
+        sum(stats.get(name, {}).get("calls", 0) for name in SCRIPT_CALLS),
+        sum(stats.get(name, {}).get("usec", 0) for name in SCRIPT_CALLS),
+    )
 
 
 def race(url: str, decisions: int, rounds: int) -> dict[str, dict]:
@@ -219,8 +244,11 @@ def race(url: str, decisions: int, rounds: int) -> dict[str, dict]:
             seconds, admitted = run(requests)
             calls, usec = server_usec(admin)
             if seconds < best[name]["seconds"]:
-                best[name] = {"seconds": seconds, "admitted": admitted,
-                              "server_us": usec / calls if calls else float("nan")}
+                best[name] = {
+                    "seconds": seconds,
+                    "admitted": admitted,
+                    "server_us": usec / calls if calls else float("nan"),
+                }
     admin.close()
     return best
 
@@ -245,10 +273,15 @@ def bytes_per_key(url: str, rule: dict, keys: int) -> dict:
     sample = [admin.randomkey() for _ in range(SAMPLE)]
     ttls = [admin.pttl(key) for key in sample]
     encodings = {text(admin.object("encoding", key)) for key in sample}
-    found = {"per_key": (after - before) / keys, "keys": count,
-             "ttl_min_s": min(ttls) / 1000, "no_ttl": sum(ttl < 0 for ttl in ttls),
-             "encodings": sorted(encodings), "key": text(sample[0]),
-             "usage": admin.memory_usage(sample[0], samples=0)}
+    found = {
+        "per_key": (after - before) / keys,
+        "keys": count,
+        "ttl_min_s": min(ttls) / 1000,
+        "no_ttl": sum(ttl < 0 for ttl in ttls),
+        "encodings": sorted(encodings),
+        "key": text(sample[0]),
+        "usage": admin.memory_usage(sample[0], samples=0),
+    }
     admin.flushall()
     store.close()
     admin.close()
@@ -259,36 +292,50 @@ def text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def report(best: dict[str, dict], decisions: int, rounds: int, memory: dict[str, dict],
-           keys: int) -> None:
+def report(best: dict[str, dict], decisions: int, rounds: int, memory: dict[str, dict], keys: int) -> None:
     ours_name, raw_name = "ours: 3 levels, one script call", "raw redis-py EVALSHA, 1 key"
     rate = {name: decisions / found["seconds"] for name, found in best.items()}
     admitted = ", ".join(f"{found['admitted']:,}" for found in best.values())
-    print(f"{decisions:,} decisions x {rounds} rounds, best round, Python {sys.version.split()[0]};"
-          f" admitted in the best round, in table order: {admitted}")
+    print(
+        f"{decisions:,} decisions x {rounds} rounds, best round, Python {sys.version.split()[0]};"
+        f" admitted in the best round, in table order: {admitted}"
+    )
     print(f"{'contender':36} {'decisions/s':>12} {'us/decision':>12} {'server us':>10} {'ours is':>9}")
     for name, value in rate.items():
-        print(f"{name:36} {value:12,.0f} {1e6 / value:12.2f} {best[name]['server_us']:10.2f}"
-              f" {rate[ours_name] / value:8.2f}x")
+        print(
+            f"{name:36} {value:12,.0f} {1e6 / value:12.2f} {best[name]['server_us']:10.2f}"
+            f" {rate[ours_name] / value:8.2f}x"
+        )
     ours_us, raw_us = 1e6 / rate[ours_name], 1e6 / rate[raw_name]
     held_us = 1e6 / rate["raw FCALL, held connection, 1 key"]
-    print(f"ours / raw evalsha: {ours_us / raw_us:.2f}x the time per decision (target <= 1.3x);"
-          f" outside the script call: ours {ours_us - best[ours_name]['server_us']:.2f} us,"
-          f" raw {raw_us - best[raw_name]['server_us']:.2f} us")
-    print(f"ours / raw FCALL on a held connection (our own call path): {ours_us / held_us:.2f}x the"
-          f" time per decision; outside the script call:"
-          f" {held_us - best['raw FCALL, held connection, 1 key']['server_us']:.2f} us")
+    print(
+        f"ours / raw evalsha: {ours_us / raw_us:.2f}x the time per decision (target <= 1.3x);"
+        f" outside the script call: ours {ours_us - best[ours_name]['server_us']:.2f} us,"
+        f" raw {raw_us - best[raw_name]['server_us']:.2f} us"
+    )
+    print(
+        f"ours / raw FCALL on a held connection (our own call path): {ours_us / held_us:.2f}x the"
+        f" time per decision; outside the script call:"
+        f" {held_us - best['raw FCALL, held connection, 1 key']['server_us']:.2f} us"
+    )
     fixed = rate[ours_name] / rate["limits: fixed window, 1 level"]
     print(f"ours / limits fixed window: {fixed:.2f}x the decisions per second (target >= 1.0x)")
     if memory:
-        print(f"Redis memory per key: used_memory after - before {keys:,} keys, through our store"
-              " (target: token bucket <= 120 B)")
+        print(
+            f"Redis memory per key: used_memory after - before {keys:,} keys, through our store"
+            " (target: token bucket <= 120 B)"
+        )
     for name, found in memory.items():
-        ttl = (f"all with a TTL (shortest {found['ttl_min_s']:.0f} s)" if not found["no_ttl"]
-               else f"{found['no_ttl']} WITHOUT a TTL")
-        print(f"  {name:13} {found['per_key']:6.1f} B/key; {found['keys']:,} keys in the db; {SAMPLE}"
-              f" sampled: {ttl}, encoding {'/'.join(found['encodings'])} (expected"
-              f" {EXPECTED_ENCODING[name]}); MEMORY USAGE {found['key']!r}: {found['usage']} B")
+        ttl = (
+            f"all with a TTL (shortest {found['ttl_min_s']:.0f} s)"
+            if not found["no_ttl"]
+            else f"{found['no_ttl']} WITHOUT a TTL"
+        )
+        print(
+            f"  {name:13} {found['per_key']:6.1f} B/key; {found['keys']:,} keys in the db; {SAMPLE}"
+            f" sampled: {ttl}, encoding {'/'.join(found['encodings'])} (expected"
+            f" {EXPECTED_ENCODING[name]}); MEMORY USAGE {found['key']!r}: {found['usage']} B"
+        )
 
 
 def main() -> None:
@@ -303,8 +350,7 @@ def main() -> None:
         if args.url and args.keys and not args.flush and connect(url).dbsize():
             raise SystemExit("the server holds keys; the memory part needs FLUSHALL (pass --flush)")
         best = race(url, args.decisions, args.rounds)
-        memory = {name: bytes_per_key(url, rule, args.keys)
-                  for name, rule in MEMORY_RULES.items() if args.keys}
+        memory = {name: bytes_per_key(url, rule, args.keys) for name, rule in MEMORY_RULES.items() if args.keys}
     report(best, args.decisions, args.rounds, memory, args.keys)
 
 

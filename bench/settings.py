@@ -4,6 +4,7 @@
 
 The app itself ships no benchmark URL; this module adds one without touching it.
 """
+
 from limiter_admin.settings import *  # noqa: F401,F403
 
 ROOT_URLCONF = "bench.urls"

@@ -7,6 +7,7 @@
 - `bench/decisions-drf`: /api/v1/decisions with its lean path off, every request through DRF's
   own dispatch (as before the lean path), to measure the two side by side under one gunicorn.
 """
+
 import json
 
 from django.http import HttpResponse
@@ -16,13 +17,20 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from limiter_admin.urls import handler404, handler500  # noqa: F401
+from limiter_admin.urls import urlpatterns as app_urlpatterns
 from policies.api.decisions import DecisionView
 
-from limiter_admin.urls import handler404, handler500, urlpatterns as app_urlpatterns  # noqa: F401
-
 # An allowed decision's body, as /api/v1/decisions answers it.
-ANSWER = {"allowed": True, "retry_after": 0.0, "blocked_by": None, "reason": "OK",
-          "remaining": 99.0, "degraded": False, "shadow_blocked": []}
+ANSWER = {
+    "allowed": True,
+    "retry_after": 0.0,
+    "blocked_by": None,
+    "reason": "OK",
+    "remaining": 99.0,
+    "degraded": False,
+    "shadow_blocked": [],
+}
 ANSWER_BYTES = json.dumps(ANSWER, separators=(",", ":")).encode()
 
 
@@ -44,6 +52,9 @@ def plain(request):
 
 
 # Last, so that resolving the app's own paths tries exactly the patterns it does in the app.
-urlpatterns = [*app_urlpatterns, path("bench/bare", BareView.as_view(), name="bench-bare"),
-               path("bench/plain", plain, name="bench-plain"),
-               path("bench/decisions-drf", DecisionView.as_view(lean=False), name="bench-decisions-drf")]
+urlpatterns = [
+    *app_urlpatterns,
+    path("bench/bare", BareView.as_view(), name="bench-bare"),
+    path("bench/plain", plain, name="bench-plain"),
+    path("bench/decisions-drf", DecisionView.as_view(lean=False), name="bench-decisions-drf"),
+]

@@ -7,7 +7,6 @@ import math
 from .params import Param, _number
 from .rules import EPSILON, MAX_IDLE_SECONDS, Rule, register
 
-
 # A bucket that would hold the cost within TIME_SLACK counts as holding it now. full_at keeps
 # whole microseconds, rounded to the nearest at every take, and times are doubles of epoch
 # seconds (Redis TIME), exact to about 0.25 us: when a burst's takes all round the same way
@@ -30,16 +29,14 @@ class TokenBucket(Rule):
     State: (full_at, remaining), where full_at, also the time the key goes idle, is when
     the bucket is full again, on a grid of whole microseconds: tokens = capacity -
     (full_at - now) x rate. One integer is all a store must keep (on Redis, an
-    integer-encoded string, the smallest value there is). Keeping time to the microsecond means a bucket refilling faster than
-    1,000,000 tokens a second rounds by up to half a token a take; we accept it for the
-    memory. A bucket that never refills keeps the tokens spent instead, for 24 h.
+    integer-encoded string, the smallest value there is). Keeping time to the microsecond
+    means a bucket refilling faster than 1,000,000 tokens a second rounds by up to half a
+    token a take; we accept it for the memory. A bucket that never refills keeps the tokens spent instead, for 24 h.
     """
 
     params = (
-        Param("capacity", help="Most tokens the bucket holds: the largest burst.",
-              minimum=0, exclusive_minimum=True),
-        Param("per_second", help="Tokens added back each second. 0 means it never refills.",
-              minimum=0),
+        Param("capacity", help="Most tokens the bucket holds: the largest burst.", minimum=0, exclusive_minimum=True),
+        Param("per_second", help="Tokens added back each second. 0 means it never refills.", minimum=0),
     )
 
     scaled_params = ("capacity", "per_second")
@@ -117,8 +114,12 @@ class TokenBucket(Rule):
             full_in = (self.capacity - tokens) / self.rate
         else:
             full_in = 0.0 if tokens >= self.capacity else math.inf
-        return {"tokens": max(0.0, tokens), "capacity": self.capacity,
-                "remaining": max(0.0, tokens), "full_in": full_in}
+        return {
+            "tokens": max(0.0, tokens),
+            "capacity": self.capacity,
+            "remaining": max(0.0, tokens),
+            "full_in": full_in,
+        }
 
 
 @register("gcra")
@@ -131,10 +132,8 @@ class GCRA(TokenBucket):
     """
 
     params = (
-        Param("rate", help="Requests (or cost units) per second, sustained.",
-              minimum=0, exclusive_minimum=True),
-        Param("burst", help="How much may go at once after a quiet spell.",
-              minimum=0, exclusive_minimum=True),
+        Param("rate", help="Requests (or cost units) per second, sustained.", minimum=0, exclusive_minimum=True),
+        Param("burst", help="How much may go at once after a quiet spell.", minimum=0, exclusive_minimum=True),
     )
 
     scaled_params = ("rate", "burst")

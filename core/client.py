@@ -30,8 +30,9 @@ import json
 import math
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 from .decision import OK, Decision
@@ -42,16 +43,16 @@ API_PREFIX = "/api/v1"
 MIN_WAIT = 0.01
 USER_AGENT = "limiter-admin-client/1"
 # The errors of a kept-alive connection that the server closed while it was idle.
-_STALE_CONNECTION = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError,
-                     http.client.RemoteDisconnected)
+_STALE_CONNECTION = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError, http.client.RemoteDisconnected)
 
 
 class LimiterAPIError(LimiterError):
     """The API answered with an error: `code` and `message` from its error shape, `fields`
     mapping request fields to what is wrong with them, `status` the HTTP status."""
 
-    def __init__(self, code: str, message: str, fields: Mapping[str, str] | None = None,
-                 status: int | None = None) -> None:
+    def __init__(
+        self, code: str, message: str, fields: Mapping[str, str] | None = None, status: int | None = None
+    ) -> None:
         self.code, self.message, self.fields, self.status = code, message, dict(fields or {}), status
         super().__init__(f"{status} {code}: {message}" if status else f"{code}: {message}")
 
@@ -86,8 +87,9 @@ def decision_from_json(data: Any, status: int | None = None) -> Decision:
     )
 
 
-def wait_until_allowed(decide: Callable[[], Decision], timeout: float | None,
-                       clock: Callable[[], float], sleep: Callable[[float], None]) -> Decision:
+def wait_until_allowed(
+    decide: Callable[[], Decision], timeout: float | None, clock: Callable[[], float], sleep: Callable[[float], None]
+) -> Decision:
     """Ask `decide()` until it allows, sleeping its `retry_after` in between (seed 002's
     throttle). Gives up, returning the last denial, as soon as the wait would end past
     `timeout` seconds from now, so it never sleeps past the deadline; at once when the wait
@@ -112,7 +114,7 @@ class RemoteReservation:
     store was down): there is nothing to settle, and settling does nothing.
     """
 
-    def __init__(self, client: "LimiterClient", body: dict, cost: float, status: int) -> None:
+    def __init__(self, client: LimiterClient, body: dict, cost: float, status: int) -> None:
         self.client = client
         self.decision = decision_from_json(body, status)
         self.allowed = self.decision.allowed
@@ -146,7 +148,7 @@ class RemoteReservation:
         self.settled = True
         return self.settlement
 
-    def __enter__(self) -> "RemoteReservation":
+    def __enter__(self) -> RemoteReservation:
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
@@ -170,19 +172,27 @@ class LimiterClient:
     """Decisions and reservations over the REST API, as `Authorization: Bearer <token>`.
     `timeout` bounds each HTTP request; `clock` and `sleep` are what `acquire` waits with."""
 
-    def __init__(self, base_url: str, token: str, timeout: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        timeout: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"base_url must be an http:// or https:// URL, got {base_url!r}")
         self.base_url = base_url
-        self._connection_class = (http.client.HTTPSConnection if url.scheme == "https"
-                                  else http.client.HTTPConnection)
+        self._connection_class = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
         self._host, self._port = url.hostname, url.port
         self._prefix = url.path.rstrip("/") + API_PREFIX
-        self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
-                         "Accept": "application/json", "User-Agent": USER_AGENT}
+        self._headers = {
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "User-Agent": USER_AGENT,
+        }
         self.timeout, self.clock, self.sleep = timeout, clock, sleep
         self._local = threading.local()
         self._connections: list[http.client.HTTPConnection] = []
@@ -190,8 +200,9 @@ class LimiterClient:
 
     # Decisions ------------------------------------------------------------------------------
 
-    def decide(self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None,
-               dry_run: bool = False) -> Decision:
+    def decide(
+        self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None, dry_run: bool = False
+    ) -> Decision:
         """May this request go now? Takes `cost` at every level of `keys`, or nothing."""
         body = {"keys": dict(keys), "cost": cost, "priority": priority, "dry_run": dry_run}
         status, data = self._post("/decisions", body)
@@ -206,8 +217,9 @@ class LimiterClient:
             raise LimiterAPIError("bad_response", f"no decisions in {str(data)[:200]}", status=status)
         return [decision_from_json(item, status) for item in decisions]
 
-    def acquire(self, keys: Mapping[str, str], cost: float = 1, timeout: float | None = 10.0,
-                priority: str | None = None) -> Decision:
+    def acquire(
+        self, keys: Mapping[str, str], cost: float = 1, timeout: float | None = 10.0, priority: str | None = None
+    ) -> Decision:
         """Block until the request may go: seed 002's throttle, with the server deciding.
 
         Sleeps each denial's `retry_after` and asks again. Returns the allowing decision, or
@@ -219,8 +231,9 @@ class LimiterClient:
 
     # Reservations ---------------------------------------------------------------------------
 
-    def reserve(self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None,
-                hold: float | None = None) -> RemoteReservation:
+    def reserve(
+        self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None, hold: float | None = None
+    ) -> RemoteReservation:
         """Reserve an estimated cost (and any concurrency slots) until settled or `hold`
         seconds pass (the server's default when None). Raises RateLimited when denied, so
         the body of `with client.reserve(...)` runs only with the reservation made."""
@@ -276,7 +289,7 @@ class LimiterClient:
             connection.close()
         self._local = threading.local()
 
-    def __enter__(self) -> "LimiterClient":
+    def __enter__(self) -> LimiterClient:
         return self
 
     def __exit__(self, *exc_info) -> None:

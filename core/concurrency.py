@@ -21,10 +21,15 @@ class Concurrency(Rule):
     counts_requests = True
     scaled_params = ("limit",)
     params = (
-        Param("limit", kind="integer", help="Most requests in flight at once.", minimum=1,
-              maximum=1_000_000),
-        Param("lease", help="Seconds after which an unreleased slot comes back by itself.",
-              minimum=0, exclusive_minimum=True, maximum=86400, default=60),
+        Param("limit", kind="integer", help="Most requests in flight at once.", minimum=1, maximum=1_000_000),
+        Param(
+            "lease",
+            help="Seconds after which an unreleased slot comes back by itself.",
+            minimum=0,
+            exclusive_minimum=True,
+            maximum=86400,
+            default=60,
+        ),
     )
 
     def setup(self) -> None:
@@ -84,6 +89,9 @@ class Concurrency(Rule):
     def inspect(self, state, now):
         slots = self._live(state, now)
         in_flight = len(slots) if slots else 0
-        return {"in_flight": in_flight, "limit": self.limit,
-                "remaining": max(0, self.limit - in_flight),
-                "full_in": max(slots.values()) - now if slots else 0.0}
+        return {
+            "in_flight": in_flight,
+            "limit": self.limit,
+            "remaining": max(0, self.limit - in_flight),
+            "full_in": max(slots.values()) - now if slots else 0.0,
+        }

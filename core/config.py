@@ -8,8 +8,9 @@ Priority classes map a name to a watermark and the levels it applies at:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import ConfigError
 from .rules import Rule, build_rule
@@ -52,8 +53,7 @@ def _refuse_duplicates(level: str, rules: list[Rule]) -> None:
     seen: dict[str, int] = {}
     for i, rule in enumerate(rules):
         if rule.rule_id in seen:
-            raise ConfigError(f"repeats rule {seen[rule.rule_id]} ({rule.describe()}) of this level",
-                              f"{level}[{i}]")
+            raise ConfigError(f"repeats rule {seen[rule.rule_id]} ({rule.describe()}) of this level", f"{level}[{i}]")
         seen[rule.rule_id] = i
 
 

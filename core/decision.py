@@ -10,12 +10,21 @@ STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
 NO_NAMES: tuple[str, ...] = ()
 INFINITY = math.inf
 
-_DECISION_FIELDS = ("allowed", "retry_after", "blocked_by", "reason", "remaining", "degraded",
-                    "lease", "shadow_blocked")
+_DECISION_FIELDS = (
+    "allowed",
+    "retry_after",
+    "blocked_by",
+    "reason",
+    "remaining",
+    "degraded",
+    "lease",
+    "shadow_blocked",
+)
 
 
-class Decision(namedtuple("DecisionFields", _DECISION_FIELDS,
-                          defaults=(0.0, None, OK, INFINITY, False, None, NO_NAMES))):
+class Decision(
+    namedtuple("DecisionFields", _DECISION_FIELDS, defaults=(0.0, None, OK, INFINITY, False, None, NO_NAMES))
+):
     """The answer to "may this request go?".
 
     allowed: whether it may go now. retry_after: seconds to wait, 0 when allowed,

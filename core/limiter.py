@@ -17,16 +17,25 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from .config import FailMode, PriorityClass, parse_fail_modes, parse_levels, parse_priorities
-from .decision import (COST_EXCEEDS_LIMIT, INFINITY, NO_NAMES, OK, RATE_LIMITED,
-                       STORE_UNAVAILABLE, Decision, _make)
+from .decision import COST_EXCEEDS_LIMIT, INFINITY, NO_NAMES, OK, RATE_LIMITED, STORE_UNAVAILABLE, Decision, _make
 from .errors import InvalidRequest, ReservationNotFound, ReservationSettled, StoreUnavailable
 from .params import LARGEST_NUMBER
-from .reservations import (CANCELLED, COMMITTED, LONGEST_HOLD, OPEN, Reservation, Settlement,
-                           clean_actual_cost, clean_hold, clean_reservation_id)
+from .reservations import (
+    CANCELLED,
+    COMMITTED,
+    LONGEST_HOLD,
+    OPEN,
+    Reservation,
+    Settlement,
+    clean_actual_cost,
+    clean_hold,
+    clean_reservation_id,
+)
 from .rules import Rule
 from .stores import Check, MemoryStore, Store
 
@@ -44,17 +53,32 @@ _lease_numbers = itertools.count(1)
 class Plan:
     """A key set and priority, resolved once: the store's plan plus what names the results."""
 
-    __slots__ = ("store_plan", "decide", "checks", "names", "reasons", "max_cost", "too_big",
-                 "stateless", "leased", "lean_max_cost", "longest_hold")
+    __slots__ = (
+        "store_plan",
+        "decide",
+        "checks",
+        "names",
+        "reasons",
+        "max_cost",
+        "too_big",
+        "stateless",
+        "leased",
+        "lean_max_cost",
+        "longest_hold",
+    )
 
 
 class HierarchicalLimiter:
     """Rules per level, state in a store, decisions that take from all levels or none."""
 
-    def __init__(self, levels: Mapping[str, list[Rule]], store: Store | None = None,
-                 clock: Callable[[], float] | None = None,
-                 priorities: Mapping[str, PriorityClass] | None = None,
-                 fail_modes: Mapping[str, FailMode] | None = None) -> None:
+    def __init__(
+        self,
+        levels: Mapping[str, list[Rule]],
+        store: Store | None = None,
+        clock: Callable[[], float] | None = None,
+        priorities: Mapping[str, PriorityClass] | None = None,
+        fail_modes: Mapping[str, FailMode] | None = None,
+    ) -> None:
         self.levels = dict(levels)
         self.fail_modes = {level: FailMode() for level in self.levels} | dict(fail_modes or {})
         self._injected_clock = clock
@@ -67,21 +91,25 @@ class HierarchicalLimiter:
         # leaves a level out misses here (KeyError) and is found by _plan() instead.
         self._signature = itemgetter(*self._level_names) if self.levels else tuple
         # What blocked_by shows for each rule, worked out once rather than per plan.
-        self._named_rules = {level: [(rule, f"{level}: {rule.display()}") for rule in rules]
-                             for level, rules in self.levels.items()}
+        self._named_rules = {
+            level: [(rule, f"{level}: {rule.display()}") for rule in rules] for level, rules in self.levels.items()
+        }
         self._plans: dict[str | None, dict[tuple, Plan]] = {}  # by priority, then keys
 
     @classmethod
-    def from_config(cls, config: Mapping, store: Store | None = None,
-                    clock: Callable[[], float] | None = None,
-                    priorities: Mapping | None = None,
-                    fail_modes: Mapping | None = None) -> "HierarchicalLimiter":
+    def from_config(
+        cls,
+        config: Mapping,
+        store: Store | None = None,
+        clock: Callable[[], float] | None = None,
+        priorities: Mapping | None = None,
+        fail_modes: Mapping | None = None,
+    ) -> HierarchicalLimiter:
         """Build from `{level: [rule specs]}`; bad config raises ConfigError naming the field.
         `fail_modes` maps levels to "open", "closed" or "local" (see config.FailMode)."""
         levels = parse_levels(config)
         names = tuple(levels)
-        return cls(levels, store, clock, parse_priorities(priorities, names),
-                   parse_fail_modes(fail_modes, names))
+        return cls(levels, store, clock, parse_priorities(priorities, names), parse_fail_modes(fail_modes, names))
 
     def acquire(self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None) -> Decision:
         """Decide one request: take `cost` at every level named in `keys`, or nothing at all."""
@@ -104,11 +132,11 @@ class HierarchicalLimiter:
             return self._outcome(plan, blocker, wait, remaining, shadows, None)
         if blocker < 0:
             return _make(Decision, (True, 0.0, None, OK, remaining, False, None, NO_NAMES))
-        return _make(Decision, (False, wait, plan.names[blocker], plan.reasons[blocker],
-                                remaining, False, None, NO_NAMES))
+        return _make(
+            Decision, (False, wait, plan.names[blocker], plan.reasons[blocker], remaining, False, None, NO_NAMES)
+        )
 
-    def _acquire_slowly(self, plan: Plan, cost: float, keys: Mapping[str, str],
-                        priority: str | None) -> Decision:
+    def _acquire_slowly(self, plan: Plan, cost: float, keys: Mapping[str, str], priority: str | None) -> Decision:
         """Every case the lean path leaves out: a bad cost, a cost that never fits,
         stateless rules, and concurrency leases."""
         if not 0 < cost <= LARGEST_NUMBER:
@@ -132,17 +160,20 @@ class HierarchicalLimiter:
         return decision._replace(shadow_blocked=decision.shadow_blocked + shadowed) if shadowed else decision
 
     @staticmethod
-    def _outcome(plan: Plan, blocker: int, wait: float, remaining: float,
-                 shadows: tuple[int, ...], lease: str | None) -> Decision:
+    def _outcome(
+        plan: Plan, blocker: int, wait: float, remaining: float, shadows: tuple[int, ...], lease: str | None
+    ) -> Decision:
         names = plan.names
         shadow_blocked = tuple([names[i] for i in shadows]) if shadows else NO_NAMES
         if blocker < 0:
             return _make(Decision, (True, 0.0, None, OK, remaining, False, lease, shadow_blocked))
-        return _make(Decision, (False, wait, names[blocker], plan.reasons[blocker], remaining,
-                                False, None, shadow_blocked))
+        return _make(
+            Decision, (False, wait, names[blocker], plan.reasons[blocker], remaining, False, None, shadow_blocked)
+        )
 
-    def explain(self, keys: Mapping[str, str], cost: float = 1,
-                priority: str | None = None) -> tuple[Decision, list[dict]]:
+    def explain(
+        self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None
+    ) -> tuple[Decision, list[dict]]:
         """A dry run: the decision `acquire` would make now, and every rule's wait and
         remaining (before any take), consuming nothing."""
         if cost.__class__ not in _NUMBER_TYPES or not 0 < cost <= LARGEST_NUMBER:
@@ -152,8 +183,7 @@ class HierarchicalLimiter:
     def _explain(self, plan: Plan, cost: float, now: float) -> tuple[Decision, list[dict]]:
         found = self.store.explain(plan.store_plan, cost, now)
         rows = [_row(check, wait, left) for check, (wait, left) in zip(plan.checks, found)]
-        rows += [_row(check, rule.wait_for_key(check.key, _wall(now), cost))
-                 for check, _, rule in plan.stateless]
+        rows += [_row(check, rule.wait_for_key(check.key, _wall(now), cost)) for check, _, rule in plan.stateless]
         if cost > plan.max_cost:
             return self._too_big(plan), rows
         return _decision_from_rows(rows), rows
@@ -174,8 +204,9 @@ class HierarchicalLimiter:
         except StoreUnavailable:
             return 0  # the slot comes back by itself when its lease runs out
 
-    def reserve(self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None,
-                hold: float | None = None) -> tuple[Decision, Reservation | None]:
+    def reserve(
+        self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None, hold: float | None = None
+    ) -> tuple[Decision, Reservation | None]:
         """`acquire`, and when it takes, a Reservation to settle later with the real cost.
         The store keeps it open for `hold` seconds (60 by default, at most the shortest
         concurrency lease). A denial, or a degraded decision (the store is down, so no
@@ -197,8 +228,9 @@ class HierarchicalLimiter:
             return denial, None
         lease = f"{_lease_prefix}-{next(_lease_numbers):x}" if plan.leased else None
         levels = {level: keys[level] for level in self._level_names if keys.get(level) is not None}
-        reservation = Reservation(self.store.new_reservation_id(plan.store_plan), levels, cost, priority, now, now + hold,
-                                  lease, hold)
+        reservation = Reservation(
+            self.store.new_reservation_id(plan.store_plan), levels, cost, priority, now, now + hold, lease, hold
+        )
         try:
             outcome = self.store.reserve(plan.store_plan, cost, now, lease, reservation.to_dict())
         except StoreUnavailable:
@@ -223,8 +255,13 @@ class HierarchicalLimiter:
         # No priority: floors do not matter to a settlement, and the class may be gone since.
         plan = self._plan(record["keys"], None)
         delta, released = self.store.settle(plan.store_plan, reservation_id, actual_cost, now)
-        return Settlement(reservation_id, CANCELLED if actual_cost is None else COMMITTED,
-                          float(max(0.0, -delta)), float(max(0.0, delta)), released)
+        return Settlement(
+            reservation_id,
+            CANCELLED if actual_cost is None else COMMITTED,
+            float(max(0.0, -delta)),
+            float(max(0.0, delta)),
+            released,
+        )
 
     def reset(self, level: str, key: str) -> None:
         """Forget every rule's state for `key` at `level`: its buckets start full."""
@@ -280,10 +317,15 @@ class HierarchicalLimiter:
         plan.leased = any(check.rule.leased for check in plan.checks)
         # A reservation must not outlive its concurrency slot: it holds for at most the
         # shortest lease of the plan.
-        plan.longest_hold = min((float(getattr(check.rule, "lease", LONGEST_HOLD))
-                                 for check in plan.checks if check.rule.leased), default=LONGEST_HOLD)
-        limits = [(check.rule.max_cost(check.floor), i)
-                  for i, (check, _) in enumerate(stateful + stateless) if not check.rule.shadow]
+        plan.longest_hold = min(
+            (float(getattr(check.rule, "lease", LONGEST_HOLD)) for check in plan.checks if check.rule.leased),
+            default=LONGEST_HOLD,
+        )
+        limits = [
+            (check.rule.max_cost(check.floor), i)
+            for i, (check, _) in enumerate(stateful + stateless)
+            if not check.rule.shadow
+        ]
         plan.max_cost, plan.too_big = min(limits, default=(INFINITY, -1))
         # The lean path in acquire() serves plans with nothing but stateful, unleased rules.
         lean = not (plan.leased or plan.stateless)
@@ -292,29 +334,40 @@ class HierarchicalLimiter:
         plan.decide = self.store.decider(plan.store_plan)
         return plan
 
-    def _degraded(self, plan: Plan, keys: Mapping[str, str], cost: float,
-                  priority: str | None) -> Decision:
+    def _degraded(self, plan: Plan, keys: Mapping[str, str], cost: float, priority: str | None) -> Decision:
         """The store is unreachable: each level of the plan applies its fail mode. A closed
         level denies; local levels decide in process at their fallback fraction; open levels
         allow. The decision says `degraded`."""
         levels = [level for level in self.levels if any(c.level == level for c in plan.checks)]
         for level in levels:
             if self.fail_modes[level].mode == "closed":
-                return _make(Decision, (False, STORE_RETRY_AFTER, f"{level}: store unavailable",
-                                        STORE_UNAVAILABLE, 0.0, True, None, NO_NAMES))
+                return _make(
+                    Decision,
+                    (
+                        False,
+                        STORE_RETRY_AFTER,
+                        f"{level}: store unavailable",
+                        STORE_UNAVAILABLE,
+                        0.0,
+                        True,
+                        None,
+                        NO_NAMES,
+                    ),
+                )
         local = {level: keys[level] for level in levels if self.fail_modes[level].mode == "local"}
         if local:
             return self._local_fallback().acquire(local, cost, priority)._replace(degraded=True)
         return _make(Decision, (True, 0.0, None, OK, INFINITY, True, None, NO_NAMES))
 
-    def _local_fallback(self) -> "HierarchicalLimiter":
+    def _local_fallback(self) -> HierarchicalLimiter:
         """An in-process limiter for the local levels, at their fallback fractions."""
         if self._fallback is None:
-            levels = {level: [rule.scaled(self.fail_modes[level].fallback_fraction) for rule in rules]
-                      for level, rules in self.levels.items()
-                      if self.fail_modes[level].mode == "local"}
-            self._fallback = HierarchicalLimiter(levels, MemoryStore(), self._injected_clock,
-                                                 self.priorities)
+            levels = {
+                level: [rule.scaled(self.fail_modes[level].fallback_fraction) for rule in rules]
+                for level, rules in self.levels.items()
+                if self.fail_modes[level].mode == "local"
+            }
+            self._fallback = HierarchicalLimiter(levels, MemoryStore(), self._injected_clock, self.priorities)
         return self._fallback
 
     def _too_big(self, plan: Plan) -> Decision:
@@ -339,8 +392,7 @@ class HierarchicalLimiter:
                 shadows.append(name)
         return False, tuple(shadows)
 
-    def _batch_entry(self, keys: Mapping[str, str], cost: float,
-                     priority: str | None) -> "Decision | _Pending | None":
+    def _batch_entry(self, keys: Mapping[str, str], cost: float, priority: str | None) -> Decision | _Pending | None:
         """What `acquire` would do, up to asking the store, taking nothing: the decision
         when no store is needed, the store's work when it is, or None when the request must
         be made alone, in its turn (a stateless denial reads the other rules' waits)."""
@@ -356,7 +408,7 @@ class HierarchicalLimiter:
         lease = f"{_lease_prefix}-{next(_lease_numbers):x}" if plan.leased else None
         return _Pending(self, plan, keys, cost, priority, now, lease, shadowed)
 
-    def _batch_decision(self, item: "_Pending", outcome: Any) -> Decision:
+    def _batch_decision(self, item: _Pending, outcome: Any) -> Decision:
         if isinstance(outcome, StoreUnavailable):
             return self._degraded(item.plan, item.keys, item.cost, item.priority)
         return self._finish(item.plan, outcome, item.lease, item.shadowed)
@@ -409,8 +461,7 @@ def _validated(index: int, item: Any) -> Any:
 
 
 def _unpack(item: Any) -> tuple:
-    if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 4 \
-            or not isinstance(item[0], HierarchicalLimiter):
+    if not isinstance(item, (tuple, list)) or not 2 <= len(item) <= 4 or not isinstance(item[0], HierarchicalLimiter):
         raise InvalidRequest("must be (limiter, keys, cost, priority)")
     limiter, keys, *rest = item
     return limiter, keys, rest[0] if rest else 1, rest[1] if len(rest) > 1 else None
@@ -423,17 +474,26 @@ def _decide_waiting(entries: list, waiting: list[int], decisions: list) -> None:
         by_store.setdefault(id(entries[i].limiter.store), []).append(i)
     for indexes in by_store.values():
         store = entries[indexes[0]].limiter.store
-        outcomes = store.decide_many([(entries[i].plan.store_plan, entries[i].cost, entries[i].now,
-                                       entries[i].lease) for i in indexes])
+        outcomes = store.decide_many(
+            [(entries[i].plan.store_plan, entries[i].cost, entries[i].now, entries[i].lease) for i in indexes]
+        )
         for i, outcome in zip(indexes, outcomes):
             decisions[i] = entries[i].limiter._batch_decision(entries[i], outcome)
 
 
 def _row(check: Check, wait: float = 0.0, remaining: float = INFINITY) -> dict:
     rule = check.rule
-    return {"level": check.level, "key": check.key, "rule": rule.display(),
-            "name": f"{check.level}: {rule.display()}", "label": rule.label,
-            "shadow": rule.shadow, "floor": check.floor, "wait": wait, "remaining": remaining}
+    return {
+        "level": check.level,
+        "key": check.key,
+        "rule": rule.display(),
+        "name": f"{check.level}: {rule.display()}",
+        "label": rule.label,
+        "shadow": rule.shadow,
+        "floor": check.floor,
+        "wait": wait,
+        "remaining": remaining,
+    }
 
 
 def _decision_from_rows(rows: list[dict]) -> Decision:

@@ -12,8 +12,9 @@ until then, so that a second settle is recognised rather than refunded twice.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import InvalidRequest
 from .params import LARGEST_NUMBER
@@ -52,7 +53,7 @@ class Reservation:
         return {**asdict(self), "keys": dict(self.keys)}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Reservation":
+    def from_dict(cls, data: Mapping[str, Any]) -> Reservation:
         """The reverse of `to_dict`; fields it does not know (a store's `status`) are ignored."""
         missing = [name for name in _FIELDS if name not in data]
         if missing:
@@ -83,8 +84,9 @@ def clean_hold(hold: Any, longest: float) -> float:
     if hold is None:
         return min(DEFAULT_HOLD, longest)
     if isinstance(hold, bool) or not isinstance(hold, (int, float)) or not 0 < hold <= LONGEST_HOLD:
-        raise InvalidRequest(f"must be a number of seconds above 0 and at most {LONGEST_HOLD:.0f}, "
-                             f"got {hold!r}", "hold")
+        raise InvalidRequest(
+            f"must be a number of seconds above 0 and at most {LONGEST_HOLD:.0f}, got {hold!r}", "hold"
+        )
     return min(float(hold), longest)
 
 
@@ -95,8 +97,7 @@ def clean_actual_cost(actual_cost: Any) -> float | None:
     if isinstance(actual_cost, bool) or not isinstance(actual_cost, (int, float)):
         raise InvalidRequest(f"must be a number, not {type(actual_cost).__name__}", "actual_cost")
     if not 0 <= actual_cost <= LARGEST_NUMBER:  # also true for NaN
-        raise InvalidRequest(f"must be at least 0 and at most {LARGEST_NUMBER:.0e}, got {actual_cost!r}",
-                             "actual_cost")
+        raise InvalidRequest(f"must be at least 0 and at most {LARGEST_NUMBER:.0e}, got {actual_cost!r}", "actual_cost")
     return actual_cost
 
 

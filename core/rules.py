@@ -24,12 +24,13 @@ A plug-in implements `wait` and `take` (or, if stateless, `wait_for_key`).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from .errors import ConfigError
 from .params import Param, _number, clean_params
 
-RULES: dict[str, type["Rule"]] = {}
+RULES: dict[str, type[Rule]] = {}
 
 # Returned by `attempt` when the rule takes only after every rule agreed.
 DEFER = object()
@@ -42,7 +43,7 @@ EPSILON = 1e-9
 MAX_IDLE_SECONDS = 86400.0
 
 
-def register(name: str) -> Callable[[type["Rule"]], type["Rule"]]:
+def register(name: str) -> Callable[[type[Rule]], type[Rule]]:
     """Class decorator: make a Rule subclass available to configs as `type: name`."""
 
     def add(cls: type[Rule]) -> type[Rule]:
@@ -55,7 +56,7 @@ def register(name: str) -> Callable[[type["Rule"]], type["Rule"]]:
     return add
 
 
-def rule_class(name: Any, path: str = "") -> type["Rule"]:
+def rule_class(name: Any, path: str = "") -> type[Rule]:
     """The registered class for `name`, or a ConfigError that lists the known names."""
     cls = RULES.get(name) if isinstance(name, str) else None
     if cls is None:
@@ -80,8 +81,7 @@ class Rule:
     # rule beside a tokens-per-minute one); the others take the request's cost.
     counts_requests: bool = False
 
-    def __init__(self, label: str | None = None, shadow: bool = False, counts: str = "cost",
-                 **params: Any) -> None:
+    def __init__(self, label: str | None = None, shadow: bool = False, counts: str = "cost", **params: Any) -> None:
         values = clean_params(self.params, params, "")
         self.values = values
         for name, value in values.items():
@@ -97,7 +97,7 @@ class Rule:
     def setup(self) -> None:
         """Derive whatever the algorithm needs from its parameters (optional)."""
 
-    def scaled(self, fraction: float) -> "Rule":
+    def scaled(self, fraction: float) -> Rule:
         """The same rule with `scaled_params` multiplied by `fraction` (the local fallback's
         share of the limit); a whole-number parameter keeps at least 1."""
         params = dict(self.values)

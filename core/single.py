@@ -6,7 +6,7 @@ the limiter was built from, so swapping it changes no call site.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .limiter import Decision, HierarchicalLimiter
 from .stores import Store
@@ -17,8 +17,9 @@ LEVEL = "client"
 class ClientLimiter:
     """Per-client limits from one or more rule specs, one level deep."""
 
-    def __init__(self, rules: dict | list[dict], store: Store | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self, rules: dict | list[dict], store: Store | None = None, clock: Callable[[], float] | None = None
+    ) -> None:
         specs = [rules] if isinstance(rules, dict) else list(rules)
         self.limiter = HierarchicalLimiter.from_config({LEVEL: specs}, store, clock)
 

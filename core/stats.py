@@ -40,7 +40,8 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .errors import ConfigError, InvalidRequest, StoreUnavailable
 
@@ -58,7 +59,7 @@ LEVEL_CACHE_SIZE = 10_000
 DECISIONS, DENIED, BY = "decisions", "denied", "by:"
 
 log = logging.getLogger(__name__)
-_live: "weakref.WeakSet[DenialStats]" = weakref.WeakSet()
+_live: weakref.WeakSet[DenialStats] = weakref.WeakSet()
 
 
 class MinuteCounts:
@@ -71,7 +72,7 @@ class MinuteCounts:
         self.blocked: dict[str, int] = {}
         self.keys: dict[str, dict[str, int]] = {}
 
-    def add(self, other: "MinuteCounts", cap: int, top_k: int) -> None:
+    def add(self, other: MinuteCounts, cap: int, top_k: int) -> None:
         """Add `other` in; a level holding more than `cap` keys is trimmed to `top_k`."""
         self.decisions += other.decisions
         self.denied += other.denied
@@ -86,9 +87,15 @@ class DenialStats:
     """Decisions, denials by blocked_by and the most denied keys per level, per minute.
     `client` is a redis-py client shared by every worker, or None for this process alone."""
 
-    def __init__(self, client: Any = None, prefix: str = "la",
-                 clock: Callable[[], float] = time.time, flush_every: float | None = 1.0,
-                 top_k: int = 100, retention: float = 25 * 3600) -> None:
+    def __init__(
+        self,
+        client: Any = None,
+        prefix: str = "la",
+        clock: Callable[[], float] = time.time,
+        flush_every: float | None = 1.0,
+        top_k: int = 100,
+        retention: float = 25 * 3600,
+    ) -> None:
         _check_options(top_k, retention, flush_every)
         self.client, self.prefix, self.clock = client, prefix, clock
         self.flush_every, self.top_k, self.retention = flush_every, top_k, retention
@@ -153,8 +160,7 @@ class DenialStats:
         self._current: MinuteCounts | None = None
         self._since, self._until = math.inf, -math.inf
 
-    def _count_denial(self, counts: MinuteCounts, keys: Mapping[str, str],
-                      blocked_by: str | None) -> None:
+    def _count_denial(self, counts: MinuteCounts, keys: Mapping[str, str], blocked_by: str | None) -> None:
         counts.denied += 1
         if blocked_by is None:
             return
@@ -180,8 +186,11 @@ class DenialStats:
         with self._thread_lock:
             if self._thread is None and self.flush_every:
                 self._thread = threading.Thread(
-                    target=_flush_periodically, args=(weakref.ref(self), self._stop, self.flush_every),
-                    name="denial-stats-flush", daemon=True)
+                    target=_flush_periodically,
+                    args=(weakref.ref(self), self._stop, self.flush_every),
+                    name="denial-stats-flush",
+                    daemon=True,
+                )
                 self._thread.start()
 
     def maybe_flush(self) -> None:
@@ -222,8 +231,13 @@ class DenialStats:
         first, last = _minute_of(now - window), _minute_of(now)
         read = self._read_redis if self.client is not None else self._read_here
         totals, keys = read(range(first, last + MINUTE, MINUTE), *_key_spans(first, last))
-        return {"window": window, "since": first, "until": now, **_summary(totals, keys, top),
-                "series": _series(totals, first, last, step)}
+        return {
+            "window": window,
+            "since": first,
+            "until": now,
+            **_summary(totals, keys, top),
+            "series": _series(totals, first, last, step),
+        }
 
     # --- flushing ------------------------------------------------------------------------------
 
@@ -342,7 +356,7 @@ class DenialStats:
         replies = self._execute([self._totals_key(m) for m in minutes], [name for _, name in sets])
         totals = {m: _totals_from(hash_) for m, hash_ in zip(minutes, replies) if hash_}
         keys: dict[str, dict[str, int]] = {}
-        _add_tops(keys, sets, replies[len(minutes):])
+        _add_tops(keys, sets, replies[len(minutes) :])
         new = sorted({_level(name) for c in totals.values() for name in c.blocked} - self._levels)
         if new:
             sets = self._top_sets(edge, hours, new)
@@ -352,9 +366,11 @@ class DenialStats:
 
     def _top_sets(self, edge: range, hours: range, levels: list[str]) -> list[tuple[str, str]]:
         """(level, set name) of the minutes at the window's edge and of its whole hours."""
-        return [(level, name) for level in levels
-                for name in [*(self._minute_key(m, level) for m in edge),
-                             *(self._hour_key(h, level) for h in hours)]]
+        return [
+            (level, name)
+            for level in levels
+            for name in [*(self._minute_key(m, level) for m in edge), *(self._hour_key(h, level) for h in hours)]
+        ]
 
     def _execute(self, hashes: list[str], sets: list[str]) -> list:
         pipe = self.client.pipeline(transaction=False)
@@ -368,8 +384,7 @@ class DenialStats:
             raise StoreUnavailable(f"Redis cannot read the denial statistics: {error}") from error
 
 
-def _flush_periodically(stats_ref: "weakref.ref[DenialStats]", stop: threading.Event,
-                        every: float) -> None:
+def _flush_periodically(stats_ref: weakref.ref[DenialStats], stop: threading.Event, every: float) -> None:
     """The flushing thread. It holds its DenialStats weakly, so a dropped one stops it.
     It waits in real seconds (no clock can be waited on); maybe_flush() reads `clock`."""
     while not stop.wait(every):
@@ -391,6 +406,7 @@ if hasattr(os, "register_at_fork"):
 
 # --- counting helpers -------------------------------------------------------------------------
 
+
 def _add(into: dict[str, int], counts: Mapping[str, int]) -> dict[str, int]:
     for name, n in counts.items():
         into[name] = into.get(name, 0) + n
@@ -402,8 +418,7 @@ def _top(counts: Mapping[str, int], k: int) -> dict[str, int]:
     return dict(heapq.nlargest(k, counts.items(), key=lambda item: (item[1], item[0])))
 
 
-def _merge(into: dict[int, MinuteCounts], minute: int, counts: MinuteCounts, cap: int,
-           top_k: int) -> None:
+def _merge(into: dict[int, MinuteCounts], minute: int, counts: MinuteCounts, cap: int, top_k: int) -> None:
     into.setdefault(minute, MinuteCounts()).add(counts, cap, top_k)
 
 
@@ -455,7 +470,7 @@ def _totals_from(hash_: Mapping) -> MinuteCounts:
         elif field == DENIED:
             counts.denied = n
         elif field.startswith(BY):
-            counts.blocked[field[len(BY):]] = n
+            counts.blocked[field[len(BY) :]] = n
     return counts
 
 
@@ -468,26 +483,31 @@ def _add_tops(keys: dict[str, dict[str, int]], sets: list[tuple[str, str]], repl
 
 # --- the report's shape -----------------------------------------------------------------------
 
-def _summary(totals: Mapping[int, MinuteCounts], keys: Mapping[str, Mapping[str, int]],
-             top: int) -> dict:
+
+def _summary(totals: Mapping[int, MinuteCounts], keys: Mapping[str, Mapping[str, int]], top: int) -> dict:
     blocked: dict[str, int] = {}
     for counts in totals.values():
         _add(blocked, counts.blocked)
     return {
         "decisions": sum(counts.decisions for counts in totals.values()),
         "denied": sum(counts.denied for counts in totals.values()),
-        "blocked_by": [{"blocked_by": name, "level": _level(name), "denied": n}
-                       for name, n in sorted(blocked.items(), key=_most_first)],
-        "top_keys": {level: [{"key": key, "denied": n}
-                             for key, n in sorted(by_key.items(), key=_most_first)[:top]]
-                     for level, by_key in sorted(keys.items())},
+        "blocked_by": [
+            {"blocked_by": name, "level": _level(name), "denied": n}
+            for name, n in sorted(blocked.items(), key=_most_first)
+        ],
+        "top_keys": {
+            level: [{"key": key, "denied": n} for key, n in sorted(by_key.items(), key=_most_first)[:top]]
+            for level, by_key in sorted(keys.items())
+        },
     }
 
 
 def _series(totals: Mapping[int, MinuteCounts], first: int, last: int, step: int) -> list[dict]:
     """One point per `step` (aligned to multiples of it) from `first` to `last`, zeros included."""
-    points = {at: {"at": at, "decisions": 0, "denied": 0, "blocked_by": {}}
-              for at in range(first - first % step, last + 1, step)}
+    points = {
+        at: {"at": at, "decisions": 0, "denied": 0, "blocked_by": {}}
+        for at in range(first - first % step, last + 1, step)
+    }
     for minute, counts in totals.items():
         point = points[minute - minute % step]
         point["decisions"] += counts.decisions
@@ -502,21 +522,20 @@ def _most_first(item: tuple[str, int]) -> tuple[int, str]:
 
 # --- checks -----------------------------------------------------------------------------------
 
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _check_window(window: Any, retention: float) -> float:
     if not _is_number(window) or not 0 < window <= retention:  # also refuses NaN
-        raise InvalidRequest(f"must be seconds, more than 0 and at most {retention:g}, got {window!r}",
-                             "window")
+        raise InvalidRequest(f"must be seconds, more than 0 and at most {retention:g}, got {window!r}", "window")
     return window
 
 
 def _check_step(step: Any, retention: float) -> int:
     if not _is_number(step) or not MINUTE <= step <= retention or step % MINUTE:
-        raise InvalidRequest(f"must be a whole number of minutes in seconds (60, 900, ...), got {step!r}",
-                             "step")
+        raise InvalidRequest(f"must be a whole number of minutes in seconds (60, 900, ...), got {step!r}", "step")
     return int(step)
 
 

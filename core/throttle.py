@@ -1,18 +1,18 @@
 """A client-side throttle that blocks until a request may go (seed 002), on the same rules.
 
-    throttle = Throttle.from_rules([
-        {"type": "token_bucket", "capacity": 50, "per_second": 50 / 60, "counts": "requests"},
-        {"type": "token_bucket", "capacity": 40_000, "per_second": 40_000 / 60},
-    ])
-    throttle.acquire(cost=estimated_tokens)   # sleeps until both buckets have room
+throttle = Throttle.from_rules([
+    {"type": "token_bucket", "capacity": 50, "per_second": 50 / 60, "counts": "requests"},
+    {"type": "token_bucket", "capacity": 40_000, "per_second": 40_000 / 60},
+])
+throttle.acquire(cost=estimated_tokens)   # sleeps until both buckets have room
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Callable, Iterator, Mapping
 
 from .errors import InvalidRequest
 from .limiter import COST_EXCEEDS_LIMIT, HierarchicalLimiter
@@ -25,16 +25,21 @@ class Throttle:
     """Waits on a limiter's `retry_after` instead of failing. The sleep happens outside any
     lock, so other threads keep using the room that is there."""
 
-    def __init__(self, limiter: HierarchicalLimiter, keys: Mapping[str, str],
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self, limiter: HierarchicalLimiter, keys: Mapping[str, str], sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         self.limiter = limiter
         self.keys = dict(keys)
         self.sleep = sleep
 
     @classmethod
-    def from_rules(cls, rules: list[dict], store: Store | None = None,
-                   clock: Callable[[], float] | None = None,
-                   sleep: Callable[[float], None] = time.sleep) -> "Throttle":
+    def from_rules(
+        cls,
+        rules: list[dict],
+        store: Store | None = None,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> Throttle:
         """One level of rules that this process alone spends from."""
         limiter = HierarchicalLimiter.from_config({LEVEL: rules}, store or MemoryStore(1), clock)
         return cls(limiter, {LEVEL: KEY}, sleep)

@@ -11,8 +11,7 @@ from .rules import EPSILON, Rule, register
 
 WINDOW_PARAMS = (
     Param("limit", help="Most cost admitted per window.", minimum=0, exclusive_minimum=True),
-    Param("window", help="Length of the window in seconds.", minimum=0, exclusive_minimum=True,
-          maximum=366 * 86400),
+    Param("window", help="Length of the window in seconds.", minimum=0, exclusive_minimum=True, maximum=366 * 86400),
 )
 
 
@@ -80,8 +79,12 @@ class FixedWindow(WindowRule):
 
     def inspect(self, state, now):
         index, used = self._used(state, now)
-        return {"used": used, "limit": self.capacity, "remaining": max(0.0, self.capacity - used),
-                "full_in": (index + 1) * self.window - now if used else 0.0}
+        return {
+            "used": used,
+            "limit": self.capacity,
+            "remaining": max(0.0, self.capacity - used),
+            "full_in": (index + 1) * self.window - now if used else 0.0,
+        }
 
 
 @register("sliding_window")
@@ -163,9 +166,13 @@ class SlidingWindowLog(WindowRule):
     def inspect(self, state, now):
         log = self._prune(state, now)
         used = self._used(log)
-        return {"used": used, "limit": self.capacity, "entries": len(log[2]) if log else 0,
-                "remaining": max(0.0, self.capacity - used),
-                "full_in": log[2][-1][0] + self.window - now if log and log[2] else 0.0}
+        return {
+            "used": used,
+            "limit": self.capacity,
+            "entries": len(log[2]) if log else 0,
+            "remaining": max(0.0, self.capacity - used),
+            "full_in": log[2][-1][0] + self.window - now if log and log[2] else 0.0,
+        }
 
 
 @register("sliding_window_counter")
@@ -241,6 +248,11 @@ class SlidingWindowCounter(WindowRule):
         index, previous, current = self._counts(state, now)
         estimate = self._estimate(index, previous, current, now)
         full_at = (index + 2) * self.window if current else (index + 1) * self.window
-        return {"used": estimate, "limit": self.capacity, "previous": previous,
-                "current": current, "remaining": max(0.0, self.capacity - estimate),
-                "full_in": full_at - now if estimate else 0.0}
+        return {
+            "used": estimate,
+            "limit": self.capacity,
+            "previous": previous,
+            "current": current,
+            "remaining": max(0.0, self.capacity - estimate),
+            "full_in": full_at - now if estimate else 0.0,
+        }

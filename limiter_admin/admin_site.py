@@ -4,6 +4,7 @@ The dashboard's pages are the admin's own: URLs prepended in get_urls(), each wr
 `admin_view` (staff only; anyone else goes to the login page), and templates extending
 admin/base_site.html with `each_context`.
 """
+
 from django.contrib import admin
 from django.urls import path
 

@@ -55,6 +55,7 @@ PARTIALS = "admin/dashboard/"
 
 # --- forms --------------------------------------------------------------------------------
 
+
 class BucketQuery(forms.Form):
     """A key to look at: its level, the key, and for user keys the team whose tier applies."""
 
@@ -102,6 +103,7 @@ class DryRunQuery(BucketQuery):
 
 # --- the views ----------------------------------------------------------------------------
 
+
 def _allow(request, *methods: str):
     return None if request.method in methods else HttpResponseNotAllowed(methods)
 
@@ -122,7 +124,8 @@ class DashboardViews:
         asked = "level" in request.GET or "key" in request.GET
         query = BucketQuery(request.GET if asked else None, policy)
         context = {
-            **self.site.each_context(request), "title": "Dashboard",
+            **self.site.each_context(request),
+            "title": "Dashboard",
             "throttled": throttled_context(reports, window, policy),
             "buckets": bucket_context(query, policy),
             "health": health_context(policy, reports),
@@ -180,8 +183,12 @@ class DashboardViews:
                 messages.error(request, f"Nothing was reset: the store is unreachable ({error}).")
             else:
                 return HttpResponseRedirect(f"{reverse('admin:dashboard')}?{query.query()}#buckets")
-        context = {**self.site.each_context(request), "title": "Reset buckets?",
-                   "buckets": bucket_context(query, policy), "refresh": REFRESH}
+        context = {
+            **self.site.each_context(request),
+            "title": "Reset buckets?",
+            "buckets": bucket_context(query, policy),
+            "refresh": REFRESH,
+        }
         return TemplateResponse(request, PARTIALS + "reset_confirm.html", context)
 
 
@@ -190,6 +197,7 @@ def _window(name: str | None) -> str:
 
 
 # --- panel 1: who is throttled, by what ---------------------------------------------------
+
 
 def denial_reports(windows) -> dict[str, dict | str]:
     """The denial statistics of each window: its report, or why it cannot be read.
@@ -208,21 +216,35 @@ def denial_reports(windows) -> dict[str, dict | str]:
 
 def throttled_context(reports: dict, window: str, policy) -> dict:
     report = reports[window]
-    context = {"window": window, "window_label": WINDOWS[window][0],
-               "windows": [{"name": name, "label": label, "current": name == window}
-                           for name, (label, _) in WINDOWS.items()]}
+    context = {
+        "window": window,
+        "window_label": WINDOWS[window][0],
+        "windows": [{"name": name, "label": label, "current": name == window} for name, (label, _) in WINDOWS.items()],
+    }
     if isinstance(report, str):
         return {**context, "unavailable": report}
-    return {**context, "totals": _totals(reports), "rules": _rules_by_window(reports),
-            "chart": blocked_chart(report, WINDOWS[window][1]), "step_text": _duration(WINDOWS[window][1]),
-            "top": _top_keys(report["top_keys"], policy.levels)}
+    return {
+        **context,
+        "totals": _totals(reports),
+        "rules": _rules_by_window(reports),
+        "chart": blocked_chart(report, WINDOWS[window][1]),
+        "step_text": _duration(WINDOWS[window][1]),
+        "top": _top_keys(report["top_keys"], policy.levels),
+    }
 
 
 def _totals(reports: dict) -> list[dict]:
-    return [{"label": WINDOWS[name][0], "unavailable": report} if isinstance(report, str) else
-            {"label": WINDOWS[name][0], "decisions": report["decisions"], "denied": report["denied"],
-             "share": _share(report["denied"], report["decisions"])}
-            for name, report in reports.items()]
+    return [
+        {"label": WINDOWS[name][0], "unavailable": report}
+        if isinstance(report, str)
+        else {
+            "label": WINDOWS[name][0],
+            "decisions": report["decisions"],
+            "denied": report["denied"],
+            "share": _share(report["denied"], report["decisions"]),
+        }
+        for name, report in reports.items()
+    ]
 
 
 def _rules_by_window(reports: dict) -> list[dict]:
@@ -232,11 +254,16 @@ def _rules_by_window(reports: dict) -> list[dict]:
     for name, report in reports.items():
         for row in [] if isinstance(report, str) else report["blocked_by"]:
             counts.setdefault(row["blocked_by"], {})[name] = row["denied"]
-    rows = [{"blocked_by": rule, "counts": [by_window.get(name, 0) if isinstance(report, dict) else "n/a"
-                                            for name, report in reports.items()]}
-            for rule, by_window in counts.items()]
-    return sorted(rows, key=lambda row: ([-n if isinstance(n, int) else 0 for n in row["counts"]],
-                                         row["blocked_by"]))
+    rows = [
+        {
+            "blocked_by": rule,
+            "counts": [
+                by_window.get(name, 0) if isinstance(report, dict) else "n/a" for name, report in reports.items()
+            ],
+        }
+        for rule, by_window in counts.items()
+    ]
+    return sorted(rows, key=lambda row: ([-n if isinstance(n, int) else 0 for n in row["counts"]], row["blocked_by"]))
 
 
 def blocked_chart(report: dict, step: int) -> dict:
@@ -244,11 +271,14 @@ def blocked_chart(report: dict, step: int) -> dict:
     series = report["series"]
     names = [row["blocked_by"] for row in report["blocked_by"]]
     shown, rest = names[:MAX_SERIES], names[MAX_SERIES:]
-    datasets = [{"label": name, "data": [point["blocked_by"].get(name, 0) for point in series]}
-                for name in shown]
+    datasets = [{"label": name, "data": [point["blocked_by"].get(name, 0) for point in series]} for name in shown]
     if rest:
-        datasets.append({"label": f"{len(rest)} other rules",
-                         "data": [sum(point["blocked_by"].get(name, 0) for name in rest) for point in series]})
+        datasets.append(
+            {
+                "label": f"{len(rest)} other rules",
+                "data": [sum(point["blocked_by"].get(name, 0) for name in rest) for point in series],
+            }
+        )
     labels = [_local(point["at"]).strftime("%H:%M") for point in series]
     return {"labels": labels, "datasets": datasets, "step": step}
 
@@ -258,12 +288,21 @@ def _top_keys(top_keys: dict, levels) -> list[dict]:
     order = sorted(top_keys, key=lambda level: (level != TENANT_LEVEL, _position(levels, level)))
     teams = [row["key"] for row in top_keys.get(TENANT_LEVEL, [])]
     tenants = dict(Tenant.objects.filter(key__in=teams).values_list("key", "pk")) if teams else {}
-    return [{"level": level, "title": _level_title(level),
-             "keys": [{**row, "buckets_url": bucket_url(level, row["key"]),
-                       "tenant_url": _change_url("tenant", tenants.get(row["key"]))
-                       if level == TENANT_LEVEL else None}
-                      for row in top_keys[level]]}
-            for level in order]
+    return [
+        {
+            "level": level,
+            "title": _level_title(level),
+            "keys": [
+                {
+                    **row,
+                    "buckets_url": bucket_url(level, row["key"]),
+                    "tenant_url": _change_url("tenant", tenants.get(row["key"])) if level == TENANT_LEVEL else None,
+                }
+                for row in top_keys[level]
+            ],
+        }
+        for level in order
+    ]
 
 
 def _level_title(level: str) -> str:
@@ -275,6 +314,7 @@ def _position(levels, level: str) -> int:
 
 
 # --- panel 2: one key's buckets -----------------------------------------------------------
+
 
 def bucket_context(query: BucketQuery, policy) -> dict:
     """What GET /api/v1/buckets says about the key, ready to show; form errors otherwise."""
@@ -290,25 +330,37 @@ def bucket_context(query: BucketQuery, policy) -> dict:
     except StoreUnavailable as error:
         return {**context, "query": query.query(), "unavailable": str(error)}
     tenant = policy.tenants.get(report["tenant"]) if report["tenant"] else None
-    return {**context, "query": query.query(), "report": report,
-            "rules": [_rule_row(rule) for rule in report["rules"]],
-            "tenant_url": _change_url("tenant", _pk(Tenant, key=report["tenant"])),
-            "tier_url": _change_url("tier", _pk(Tier, name=report["tier"])),
-            "overrides_until": _local(tenant.until) if tenant and tenant.until and report["override"] else None}
+    return {
+        **context,
+        "query": query.query(),
+        "report": report,
+        "rules": [_rule_row(rule) for rule in report["rules"]],
+        "tenant_url": _change_url("tenant", _pk(Tenant, key=report["tenant"])),
+        "tier_url": _change_url("tier", _pk(Tier, name=report["tier"])),
+        "overrides_until": _local(tenant.until) if tenant and tenant.until and report["override"] else None,
+    }
 
 
 def _rule_row(rule: dict) -> dict:
     """One rule's live state, as the operator reads it: what is left of how much."""
     state = rule["state"]
-    for field, total, what in (("tokens", "capacity", "tokens left"), ("in_flight", "limit", "in flight"),
-                               ("used", "limit", "used in the window")):
+    for field, total, _what in (
+        ("tokens", "capacity", "tokens left"),
+        ("in_flight", "limit", "in flight"),
+        ("used", "limit", "used in the window"),
+    ):
         if field in state:
             value, most = state[field], state.get(total)
             break
     else:
         value, most, what = state.get("remaining"), None, "remaining"
-    return {**rule, "what": what, "value": _round(value), "most": most,
-            "full_in": _duration(state.get("full_in"), never="never (does not refill)", zero="full now")}
+    return {
+        **rule,
+        "what": what,
+        "value": _round(value),
+        "most": most,
+        "full_in": _duration(state.get("full_in"), never="never (does not refill)", zero="full now"),
+    }
 
 
 def reset_buckets(request, query: BucketQuery) -> None:
@@ -320,10 +372,13 @@ def reset_buckets(request, query: BucketQuery) -> None:
     tenant = Tenant.objects.filter(key=data["key"]).first() if data["level"] == TENANT_LEVEL else None
     what = f"{data['level']}: {data['key']}" + (f" (team {data['team']})" if data.get("team") else "")
     LogEntry.objects.create(
-        user=request.user, action_flag=CHANGE,
+        user=request.user,
+        action_flag=CHANGE,
         content_type=ContentType.objects.get_for_model(Tenant) if tenant else None,
-        object_id=str(tenant.pk) if tenant else None, object_repr=f"buckets of {what}"[:200],
-        change_message=f"Reset the buckets of {what} from the dashboard.")
+        object_id=str(tenant.pk) if tenant else None,
+        object_repr=f"buckets of {what}"[:200],
+        change_message=f"Reset the buckets of {what} from the dashboard.",
+    )
     messages.success(request, f"The buckets of {what} were reset: they start full.")
 
 
@@ -342,11 +397,19 @@ def dry_run_context(query: DryRunQuery) -> dict:
     except StoreUnavailable as error:
         return {**context, "unavailable": str(error)}
     body = decision_body(decision)
-    return {**context, "decision": {**body, "remaining": _round(body["remaining"])},
-            "retry_after": _duration(body["retry_after"], never="never: the cost exceeds a limit", zero="now"),
-            "rules": [{**row, "remaining": _round(row["remaining"]),
-                       "wait_text": _duration(row["wait"], never="never", zero="none")}
-                      for row in explain_rows(rows)]}
+    return {
+        **context,
+        "decision": {**body, "remaining": _round(body["remaining"])},
+        "retry_after": _duration(body["retry_after"], never="never: the cost exceeds a limit", zero="now"),
+        "rules": [
+            {
+                **row,
+                "remaining": _round(row["remaining"]),
+                "wait_text": _duration(row["wait"], never="never", zero="none"),
+            }
+            for row in explain_rows(rows)
+        ],
+    }
 
 
 def bucket_url(level: str, key: str) -> str:
@@ -355,28 +418,41 @@ def bucket_url(level: str, key: str) -> str:
 
 # --- panel 3: health ----------------------------------------------------------------------
 
+
 def health_context(policy, reports: dict) -> dict:
     levels = dict(Level.objects.values_list("name", "pk"))
     priorities = dict(PriorityClass.objects.values_list("name", "pk"))
     return {
         "store": store_health(policy_cache().store),
         "version": policy.version,
-        "levels": [{"name": name, **mode, "meaning": _fail_mode_meaning(mode),
-                    "edit_url": _change_url("level", levels.get(name))}
-                   for name, mode in policy.fail_modes.items()],
-        "priorities": [{"name": name, "watermark": f"{spec['watermark']:g}",
-                        "percent": f"{spec['watermark'] * 100:g}",
-                        "levels": ", ".join(spec.get("levels", [])) or "global (default)",
-                        "edit_url": _change_url("priorityclass", priorities.get(name))}
-                       for name, spec in sorted(policy.priorities.items())],
+        "levels": [
+            {
+                "name": name,
+                **mode,
+                "meaning": _fail_mode_meaning(mode),
+                "edit_url": _change_url("level", levels.get(name)),
+            }
+            for name, mode in policy.fail_modes.items()
+        ],
+        "priorities": [
+            {
+                "name": name,
+                "watermark": f"{spec['watermark']:g}",
+                "percent": f"{spec['watermark'] * 100:g}",
+                "levels": ", ".join(spec.get("levels", [])) or "global (default)",
+                "edit_url": _change_url("priorityclass", priorities.get(name)),
+            }
+            for name, spec in sorted(policy.priorities.items())
+        ],
         "rates": [_rates(WINDOWS[name][0], report) for name, report in reports.items() if name in ("5m", "1h")],
     }
 
 
 def store_health(store) -> dict:
     """Up, or down and since when (the Redis store's circuit breaker knows)."""
-    kind = {"RedisStore": "Redis", "MemoryStore": "in-process memory, this process only"}.get(type(store).__name__,
-                                                                             type(store).__name__)
+    kind = {"RedisStore": "Redis", "MemoryStore": "in-process memory, this process only"}.get(
+        type(store).__name__, type(store).__name__
+    )
     # `ping()` is the stores' health probe; until every store has one, `time()` is the
     # cheapest call that must reach the store (Redis TIME; the in-process clock).
     probe = getattr(store, "ping", None) or store.time
@@ -390,15 +466,20 @@ def store_health(store) -> dict:
     if breaker is not None and breaker.down_since is not None:
         # The breaker counts in its own (monotonic) clock: turned into wall time here.
         since = time.time() - (breaker.clock() - breaker.down_since)
-    return {"kind": kind, "up": error is None and since is None, "error": error,
-            "since": _local(since) if since is not None else None,
-            "for": _duration(time.time() - since) if since is not None else None,
-            "failures": getattr(breaker, "failures", 0)}
+    return {
+        "kind": kind,
+        "up": error is None and since is None,
+        "error": error,
+        "since": _local(since) if since is not None else None,
+        "for": _duration(time.time() - since) if since is not None else None,
+        "failures": getattr(breaker, "failures", 0),
+    }
 
 
 def _fail_mode_meaning(mode: dict) -> str:
     return FAIL_MODE_MEANING.get(mode["fail_mode"], mode["fail_mode"]).format(
-        fraction=mode.get("fallback_fraction") or 0)
+        fraction=mode.get("fallback_fraction") or 0
+    )
 
 
 def _rates(label: str, report: dict | str) -> dict:
@@ -406,12 +487,18 @@ def _rates(label: str, report: dict | str) -> dict:
     if isinstance(report, str):
         return {"label": label, "unavailable": report}
     seconds = max(report["until"] - report["since"], 1)
-    return {"label": label, "decisions": report["decisions"], "denied": report["denied"],
-            "decision_rate": _figure(report["decisions"] / seconds), "denial_rate": _figure(report["denied"] / seconds),
-            "share": _share(report["denied"], report["decisions"])}
+    return {
+        "label": label,
+        "decisions": report["decisions"],
+        "denied": report["denied"],
+        "decision_rate": _figure(report["decisions"] / seconds),
+        "denial_rate": _figure(report["denied"] / seconds),
+        "share": _share(report["denied"], report["decisions"]),
+    }
 
 
 # --- helpers ------------------------------------------------------------------------------
+
 
 def _share(part: int, whole: int) -> float:
     return part / whole * 100 if whole else 0.0

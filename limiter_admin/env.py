@@ -1,4 +1,5 @@
 """Read settings from the environment, failing at start-up on a value we cannot read."""
+
 import os
 
 from django.core.exceptions import ImproperlyConfigured

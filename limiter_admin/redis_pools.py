@@ -12,8 +12,12 @@ from django_redis.pool import ConnectionFactory
 
 class PoolPerSettingsFactory(ConnectionFactory):
     def get_or_create_connection_pool(self, params):
-        key = (params["url"], params.get("socket_timeout"), params.get("socket_connect_timeout"),
-               repr(sorted(self.pool_cls_kwargs.items(), key=lambda item: item[0])))
+        key = (
+            params["url"],
+            params.get("socket_timeout"),
+            params.get("socket_connect_timeout"),
+            repr(sorted(self.pool_cls_kwargs.items(), key=lambda item: item[0])),
+        )
         if key not in self._pools:
             self._pools[key] = self.get_connection_pool(params)
         return self._pools[key]

@@ -2,6 +2,7 @@
 
 See README.md ("Environment") for every variable. Nothing here needs editing to deploy.
 """
+
 from datetime import timedelta
 from pathlib import Path
 
@@ -198,7 +199,7 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "Limiter Admin API",
     "DESCRIPTION": "Rate-limit decisions, reservations and policy administration. "
-                   "Errors all have one shape: {\"error\": {\"code\", \"message\", \"fields\"}}.",
+    'Errors all have one shape: {"error": {"code", "message", "fields"}}.',
     "VERSION": "1",
     # The docs page's scripts come from drf-spectacular-sidecar's static files, not a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",

@@ -1,4 +1,5 @@
 """The project's URLs: the REST API and its schema, the admin console, and the probes."""
+
 from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView

@@ -1,11 +1,13 @@
 """Project-level views that belong to no app: probes, metrics, and the error pages."""
+
 import sys
 
 from django.db import DatabaseError
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_safe
 from django.views.defaults import bad_request as html_bad_request
-from django.views.defaults import page_not_found, server_error as html_server_error
+from django.views.defaults import page_not_found
+from django.views.defaults import server_error as html_server_error
 
 from core import StoreUnavailable
 from limiter_admin.middleware import database_unavailable

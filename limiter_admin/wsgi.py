@@ -1,4 +1,5 @@
 """WSGI entry point, served by gunicorn (`make run`)."""
+
 import os
 
 from django.core.wsgi import get_wsgi_application

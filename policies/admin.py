@@ -13,9 +13,9 @@ import re
 
 from django import forms
 from django.contrib import admin, messages
-from django.http import HttpResponseRedirect
 from django.core.exceptions import ValidationError
 from django.db.models import Exists, F, OuterRef, Q
+from django.http import HttpResponseRedirect
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from simple_history.admin import SimpleHistoryAdmin
@@ -23,11 +23,12 @@ from simple_history.admin import SimpleHistoryAdmin
 from core import RULES, ConfigError
 from core.config import parse_levels
 
-from .models import (Level, PolicySettings, PolicyVersion, PriorityClass, Rule, ServiceToken, StaleVersion, Tenant,
-                     Tier)
+from .models import Level, PolicySettings, PolicyVersion, PriorityClass, Rule, ServiceToken, StaleVersion, Tenant, Tier
 
-STALE_MESSAGE = ("This {kind} changed since you opened it (someone else saved it, or a policy file was "
-                 "loaded). Your changes were not saved: reload the page to see the current version.")
+STALE_MESSAGE = (
+    "This {kind} changed since you opened it (someone else saved it, or a policy file was "
+    "loaded). Your changes were not saved: reload the page to see the current version."
+)
 
 
 def parameter_lines(type_name: str) -> list[tuple[str, str]]:
@@ -52,9 +53,10 @@ def parameter_lines(type_name: str) -> list[tuple[str, str]]:
 def parameters_help() -> str:
     """Every rule type's parameters, for the params field's help text."""
     return format_html_join(
-        "", "<div><b>{}</b>: {}</div>",
-        ((name, "; ".join(f"{p} - {h}" for p, h in parameter_lines(name)))
-         for name in sorted(RULES)))
+        "",
+        "<div><b>{}</b>: {}</div>",
+        ((name, "; ".join(f"{p} - {h}" for p, h in parameter_lines(name))) for name in sorted(RULES)),
+    )
 
 
 class RuleForm(forms.ModelForm):
@@ -77,8 +79,7 @@ class RuleFormSet(forms.BaseInlineFormSet):
         super().clean()
         if any(self.errors):
             return
-        kept = [form.cleaned_data for form in self.forms
-                if form.cleaned_data and not form.cleaned_data.get("DELETE")]
+        kept = [form.cleaned_data for form in self.forms if form.cleaned_data and not form.cleaned_data.get("DELETE")]
         if isinstance(self.instance, Tier) and not kept:
             raise ValidationError("A tier needs at least one rule.")
         config: dict[str, list[dict]] = {}
@@ -108,8 +109,9 @@ def check_with_global_rules(rules: dict[str, list[dict]]) -> None:
         except ConfigError as error:
             index = _rule_index(error.path) - len(shared[level])
             reason = error.reason.replace("of this level", "of this level's global rules")
-            raise ConfigError(f"{reason} (counting the global rules)",
-                              f"{level}[{index}]" if index >= 0 else level) from None
+            raise ConfigError(
+                f"{reason} (counting the global rules)", f"{level}[{index}]" if index >= 0 else level
+            ) from None
 
 
 def _rule_index(path: str) -> int:
@@ -133,10 +135,11 @@ class RulePageForm(RuleForm):
             owner = {"tier": candidate.tier} if candidate.tier is not None else {"tenant": candidate.tenant}
             groups = [[*others.filter(**owner), *globals_]]
         else:  # a global rule joins every tier's and every overriding tenant's rules
-            groups = [[rule for rule in others if rule.tier_id == tier.pk] + globals_
-                      for tier in Tier.objects.all()]
-            groups += [[rule for rule in others if rule.tenant_id == tenant.pk] + globals_
-                       for tenant in Tenant.objects.filter(rules__isnull=False).distinct()]
+            groups = [[rule for rule in others if rule.tier_id == tier.pk] + globals_ for tier in Tier.objects.all()]
+            groups += [
+                [rule for rule in others if rule.tenant_id == tenant.pk] + globals_
+                for tenant in Tenant.objects.filter(rules__isnull=False).distinct()
+            ]
         for group in groups:
             config: dict[str, list[dict]] = {}
             for rule in [*group, candidate]:
@@ -316,8 +319,13 @@ class RuleAdmin(SimpleHistoryAdmin):
 
     @admin.display(description="owner")
     def owner_name(self, rule):
-        return format_html("tier {}", rule.tier) if rule.tier else \
-            format_html("tenant {}", rule.tenant) if rule.tenant else "global"
+        return (
+            format_html("tier {}", rule.tier)
+            if rule.tier
+            else format_html("tenant {}", rule.tenant)
+            if rule.tenant
+            else "global"
+        )
 
 
 def _bump_owners(rule: Rule, before: dict | None) -> None:
@@ -389,8 +397,10 @@ class ServiceTokenAdmin(admin.ModelAdmin):
         return False
 
     def changelist_view(self, request, extra_context=None):
-        extra_context = {"title": "Service tokens (make one with: manage.py createservicetoken NAME "
-                                  "--scope decide|admin)", **(extra_context or {})}
+        extra_context = {
+            "title": "Service tokens (make one with: manage.py createservicetoken NAME --scope decide|admin)",
+            **(extra_context or {}),
+        }
         return super().changelist_view(request, extra_context)
 
     @admin.action(description="Revoke selected tokens", permissions=["change"])
@@ -401,5 +411,6 @@ class ServiceTokenAdmin(admin.ModelAdmin):
             token.revoked_at = now
             # One save each, not an update(): post_save empties this process's token cache.
             token.save(update_fields=["revoked_at"])
-        self.message_user(request, f"Revoked {len(tokens)} token(s): they stop working within seconds.",
-                          messages.SUCCESS)
+        self.message_user(
+            request, f"Revoked {len(tokens)} token(s): they stop working within seconds.", messages.SUCCESS
+        )

@@ -25,9 +25,13 @@ def check_policies_compile(app_configs=None, **kwargs) -> list[Error]:
         try:
             policy.limiter(route, MemoryStore(1), None)
         except (ConfigError, KeyError) as error:
-            errors.append(Error(f"{route[0]} {route[1]!r} cannot build a limiter: {error}",
-                                hint="Fix it in the admin or with `manage.py loadpolicies`.",
-                                id="policies.E001"))
+            errors.append(
+                Error(
+                    f"{route[0]} {route[1]!r} cannot build a limiter: {error}",
+                    hint="Fix it in the admin or with `manage.py loadpolicies`.",
+                    id="policies.E001",
+                )
+            )
     return errors
 
 
@@ -43,11 +47,19 @@ def check_cluster_settings(app_configs=None, **kwargs) -> list[Error]:
 
     try:
         parse_cluster_url(settings.REDIS_URL)
-        check_options(settings.LIMITER_CLUSTER_SHARDS, settings.LIMITER_CLUSTER_GLOBAL_MODE,
-                      settings.LIMITER_CLUSTER_LEASE_FRACTION)
+        check_options(
+            settings.LIMITER_CLUSTER_SHARDS,
+            settings.LIMITER_CLUSTER_GLOBAL_MODE,
+            settings.LIMITER_CLUSTER_LEASE_FRACTION,
+        )
     except ConfigError as error:
-        return [Error(f"the Redis Cluster settings cannot make a store: {error}",
-                      hint="See REDIS_URL and LIMITER_CLUSTER_* in docs/OPERATIONS.md.", id="policies.E002")]
+        return [
+            Error(
+                f"the Redis Cluster settings cannot make a store: {error}",
+                hint="See REDIS_URL and LIMITER_CLUSTER_* in docs/OPERATIONS.md.",
+                id="policies.E002",
+            )
+        ]
     return []
 
 
@@ -60,5 +72,9 @@ def check_key_format(app_configs=None, **kwargs) -> list[Error]:
 
     if settings.LIMITER_KEY_FORMAT in KEY_FORMATS:
         return []
-    return [Error(f"LIMITER_KEY_FORMAT must be one of {', '.join(KEY_FORMATS)}, not {settings.LIMITER_KEY_FORMAT!r}",
-                  id="policies.E003")]
+    return [
+        Error(
+            f"LIMITER_KEY_FORMAT must be one of {', '.join(KEY_FORMATS)}, not {settings.LIMITER_KEY_FORMAT!r}",
+            id="policies.E003",
+        )
+    ]

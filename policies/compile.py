@@ -16,9 +16,10 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from django.db import DatabaseError, transaction
 
@@ -69,8 +70,10 @@ class Policy:
         """The engine config of a tier, with a tenant's overrides replacing whole levels."""
         rules = self.tiers.get(tier, {}) if tier else {}
         overrides = overrides or {}
-        return {level: [*overrides.get(level, rules.get(level, [])), *self.global_rules.get(level, [])]
-                for level in self.levels}
+        return {
+            level: [*overrides.get(level, rules.get(level, [])), *self.global_rules.get(level, [])]
+            for level in self.levels
+        }
 
     def route(self, team_key: str | None, now: float) -> tuple[str, str | None]:
         """Which limiter serves a team key: its tenant's own, or its tier's."""
@@ -83,19 +86,23 @@ class Policy:
 
     def next_expiry(self, now: float) -> float:
         """The earliest time after `now` at which some tenant's overrides stop applying."""
-        return min((t.until for t in self.tenants.values()
-                    if t.overrides and t.until is not None and t.until > now), default=math.inf)
+        return min(
+            (t.until for t in self.tenants.values() if t.overrides and t.until is not None and t.until > now),
+            default=math.inf,
+        )
 
-    def limiter(self, route: tuple[str, str | None], store: Store,
-                clock: Callable[[], float] | None) -> HierarchicalLimiter:
+    def limiter(
+        self, route: tuple[str, str | None], store: Store, clock: Callable[[], float] | None
+    ) -> HierarchicalLimiter:
         kind, name = route
         if kind == "tenant":
             tenant = self.tenants[name]
             config = self.config(tenant.tier, tenant.overrides)
         else:
             config = self.config(name)
-        return HierarchicalLimiter.from_config(config, store=store, clock=clock,
-                                               priorities=self.priorities, fail_modes=self.fail_modes)
+        return HierarchicalLimiter.from_config(
+            config, store=store, clock=clock, priorities=self.priorities, fail_modes=self.fail_modes
+        )
 
 
 def read_policy() -> Policy:
@@ -105,8 +112,7 @@ def read_policy() -> Policy:
 
     with transaction.atomic():
         version = current_version()
-        levels = list(Level.objects.order_by("position", "name").values_list("name", "fail_mode",
-                                                                             "fallback_fraction"))
+        levels = list(Level.objects.order_by("position", "name").values_list("name", "fail_mode", "fallback_fraction"))
         tiers: dict[str, dict[str, list[dict]]] = {}
         global_rules: dict[str, list[dict]] = {}
         overrides: dict[str, dict[str, list[dict]]] = {}
@@ -118,8 +124,10 @@ def read_policy() -> Policy:
             else:
                 target = global_rules
             target.setdefault(rule.level.name, []).append(rule.spec())
-        tenants = {key: TenantPolicy(tier, overrides.get(key, {}), until.timestamp() if until else None)
-                   for key, tier, until in Tenant.objects.values_list("key", "tier__name", "overrides_until")}
+        tenants = {
+            key: TenantPolicy(tier, overrides.get(key, {}), until.timestamp() if until else None)
+            for key, tier, until in Tenant.objects.values_list("key", "tier__name", "overrides_until")
+        }
         default_tier = PolicySettings.objects.filter(pk=1).values_list("default_tier__name", flat=True).first()
         priorities = {}
         for priority in PriorityClass.objects.prefetch_related("levels"):
@@ -132,7 +140,10 @@ def read_policy() -> Policy:
         version=version,
         levels=tuple(name for name, _, _ in levels),
         fail_modes={name: {"fail_mode": mode, "fallback_fraction": fraction} for name, mode, fraction in levels},
-        tiers=tiers, global_rules=global_rules, tenants=tenants, default_tier=default_tier,
+        tiers=tiers,
+        global_rules=global_rules,
+        tenants=tenants,
+        default_tier=default_tier,
         priorities=priorities,
     )
 
@@ -156,8 +167,13 @@ class PolicyCache:
     reached, decisions go on with the last policy read.
     """
 
-    def __init__(self, store: Store | None = None, clock: Callable[[], float] = time.time,
-                 limiter_clock: Callable[[], float] | None = None, check_every: float = CHECK_EVERY) -> None:
+    def __init__(
+        self,
+        store: Store | None = None,
+        clock: Callable[[], float] = time.time,
+        limiter_clock: Callable[[], float] | None = None,
+        check_every: float = CHECK_EVERY,
+    ) -> None:
         self.store = store if store is not None else limiter_store()
         self.clock = clock
         self.limiter_clock = limiter_clock
@@ -260,8 +276,7 @@ class PolicyCache:
         """Route the tenants whose overrides apply now to their own limiters; keep the
         limiters that still serve a route."""
         routes = {key: ("tenant", key) for key, tenant in policy.tenants.items() if tenant.overrides_apply(now)}
-        kept = {route: limiter for route, limiter in limiters.items()
-                if route[0] == "tier" or route[1] in routes}
+        kept = {route: limiter for route, limiter in limiters.items() if route[0] == "tier" or route[1] in routes}
         return _Compiled(policy, routes, kept, policy.next_expiry(now))
 
 

@@ -35,7 +35,7 @@ no wait; ValueError for an infinite wait, which has no Retry-After (leave the fi
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 from core import Decision, Rule
 
@@ -46,8 +46,9 @@ SF_INTEGER_MAX = 999_999_999_999_999
 ROUNDING_SLACK = 1e-9
 
 
-def ratelimit_headers(decision: Decision, quota: float | None, window: float | None,
-                      name: str = "default") -> dict[str, str]:
+def ratelimit_headers(
+    decision: Decision, quota: float | None, window: float | None, name: str = "default"
+) -> dict[str, str]:
     """`RateLimit-Policy` and `RateLimit` for one decision under one policy (see the module)."""
     item = sf_string(name)
     headers = {}

@@ -73,5 +73,6 @@ class LimiterMiddleware:
 
 def rate_limited_response(decision: Decision) -> JsonResponse:
     """429 in the API's error shape (the headers are added by the caller)."""
-    return JsonResponse({"error": {"code": RATE_LIMITED, "message": denial_message(decision), "fields": {}}},
-                        status=429)
+    return JsonResponse(
+        {"error": {"code": RATE_LIMITED, "message": denial_message(decision), "fields": {}}}, status=429
+    )

@@ -80,11 +80,16 @@ class Level(Versioned):
 
     name = models.CharField(max_length=64, unique=True, validators=[NAME_VALIDATOR])
     position = models.PositiveIntegerField(default=0, help_text="Evaluation order: lower first.")
-    fail_mode = models.CharField(max_length=8, choices=[(m, m) for m in FAIL_MODES], default="open",
-                                 help_text="While the store is unreachable: allow (open), deny (closed), "
-                                           "or decide in process at the fallback fraction (local).")
-    fallback_fraction = models.FloatField(default=0.25,
-                                          help_text="Share of the limits the local fallback allows (0 < f <= 1).")
+    fail_mode = models.CharField(
+        max_length=8,
+        choices=[(m, m) for m in FAIL_MODES],
+        default="open",
+        help_text="While the store is unreachable: allow (open), deny (closed), "
+        "or decide in process at the fallback fraction (local).",
+    )
+    fallback_fraction = models.FloatField(
+        default=0.25, help_text="Share of the limits the local fallback allows (0 < f <= 1)."
+    )
     history = PolicyHistory()
 
     class Meta:
@@ -95,9 +100,10 @@ class Level(Versioned):
 
     def clean(self):
         try:
-            parse_fail_modes({self.name or "level": {"fail_mode": self.fail_mode,
-                                                     "fallback_fraction": self.fallback_fraction}},
-                             (self.name or "level",))
+            parse_fail_modes(
+                {self.name or "level": {"fail_mode": self.fail_mode, "fallback_fraction": self.fallback_fraction}},
+                (self.name or "level",),
+            )
         except ConfigError as error:
             raise ValidationError({error.path.rsplit(".", 1)[-1]: error.reason}) from None
 
@@ -121,8 +127,9 @@ class Tenant(Versioned):
 
     key = models.CharField(max_length=200, unique=True, help_text="The team key requests carry.")
     tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="tenants")
-    overrides_until = models.DateTimeField(null=True, blank=True,
-                                           help_text="Overrides stop applying at this time; empty: never.")
+    overrides_until = models.DateTimeField(
+        null=True, blank=True, help_text="Overrides stop applying at this time; empty: never."
+    )
     history = PolicyHistory()
 
     class Meta:
@@ -143,10 +150,10 @@ class Rule(models.Model):
     tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="rules")
     level = models.ForeignKey(Level, on_delete=models.PROTECT, related_name="rules")
     type = models.CharField(max_length=64, choices=rule_type_choices)
-    params = models.JSONField(default=dict, blank=True,
-                              help_text='The rule type\'s parameters, e.g. {"capacity": 100, "per_second": 10}.')
-    label = models.CharField(max_length=64, blank=True,
-                             help_text="Reason code a denial reports, e.g. RPM_LIMIT.")
+    params = models.JSONField(
+        default=dict, blank=True, help_text='The rule type\'s parameters, e.g. {"capacity": 100, "per_second": 10}.'
+    )
+    label = models.CharField(max_length=64, blank=True, help_text="Reason code a denial reports, e.g. RPM_LIMIT.")
     shadow = models.BooleanField(default=False, help_text="Evaluated and counted, never denies.")
     counts = models.CharField(max_length=8, choices=COUNTS_CHOICES, default="cost")
     position = models.PositiveIntegerField(default=0)
@@ -155,8 +162,9 @@ class Rule(models.Model):
     class Meta:
         ordering = ["level__position", "position", "id"]
         constraints = [
-            models.CheckConstraint(condition=~(Q(tier__isnull=False) & Q(tenant__isnull=False)),
-                                   name="rule_has_at_most_one_owner"),
+            models.CheckConstraint(
+                condition=~(Q(tier__isnull=False) & Q(tenant__isnull=False)), name="rule_has_at_most_one_owner"
+            ),
         ]
 
     def __str__(self):
@@ -204,10 +212,17 @@ class PriorityClass(Versioned):
     """A request class that must leave `watermark` x capacity untouched at its levels."""
 
     name = models.CharField(max_length=64, unique=True, validators=[NAME_VALIDATOR])
-    watermark = models.FloatField(default=0.0, validators=[MinValueValidator(0.0)],
-                                  help_text="Share of each rule's capacity this class must leave (0 up to 1).")
-    levels = models.ManyToManyField(Level, blank=True, related_name="priority_classes",
-                                    help_text="Levels it applies at; empty means the global level.")
+    watermark = models.FloatField(
+        default=0.0,
+        validators=[MinValueValidator(0.0)],
+        help_text="Share of each rule's capacity this class must leave (0 up to 1).",
+    )
+    levels = models.ManyToManyField(
+        Level,
+        blank=True,
+        related_name="priority_classes",
+        help_text="Levels it applies at; empty means the global level.",
+    )
     history = PolicyHistory(m2m_fields=[levels])
 
     class Meta:
@@ -227,8 +242,14 @@ class PriorityClass(Versioned):
 class PolicySettings(models.Model):
     """The singleton of store-wide settings."""
 
-    default_tier = models.ForeignKey(Tier, null=True, blank=True, on_delete=models.PROTECT, related_name="+",
-                                     help_text="The tier of team keys that name no tenant.")
+    default_tier = models.ForeignKey(
+        Tier,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="The tier of team keys that name no tenant.",
+    )
     history = PolicyHistory()
 
     class Meta:
@@ -242,7 +263,7 @@ class PolicySettings(models.Model):
         super().save(*args, **kwargs)
 
     @classmethod
-    def load(cls) -> "PolicySettings":
+    def load(cls) -> PolicySettings:
         return cls.objects.get_or_create(pk=1)[0]
 
 
@@ -255,8 +276,10 @@ class PolicyVersion(models.Model):
         return f"policy version {self.number}"
 
 
-TOKEN_SCOPES = [("decide", "decide: decisions, batches and reservations"),
-                ("admin", "admin: everything, policy changes included")]
+TOKEN_SCOPES = [
+    ("decide", "decide: decisions, batches and reservations"),
+    ("admin", "admin: everything, policy changes included"),
+]
 
 
 class ServiceToken(models.Model):
@@ -271,8 +294,9 @@ class ServiceToken(models.Model):
     prefix = models.CharField(max_length=16, unique=True, editable=False)
     digest = models.CharField(max_length=64, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
-    revoked_at = models.DateTimeField(null=True, blank=True,
-                                      help_text="Set to revoke: the token stops working within seconds.")
+    revoked_at = models.DateTimeField(
+        null=True, blank=True, help_text="Set to revoke: the token stops working within seconds."
+    )
 
     class Meta:
         ordering = ["name", "id"]

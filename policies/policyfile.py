@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 from django.core.exceptions import ValidationError
@@ -69,8 +70,10 @@ def check_document(doc: Any) -> dict:
         raise ConfigError(f"unknown field (known: {', '.join(TOP_LEVEL_FIELDS)})", unknown[0])
     levels = _check_levels(doc.get("levels", list(DEFAULT_LEVELS)))
     names = tuple(level["name"] for level in levels)
-    tiers = {name: _rules_by_level(spec, names, f"tiers.{name}")
-             for name, spec in _mapping(doc.get("tiers", {}), "tiers").items()}
+    tiers = {
+        name: _rules_by_level(spec, names, f"tiers.{name}")
+        for name, spec in _mapping(doc.get("tiers", {}), "tiers").items()
+    }
     for name, rules in tiers.items():
         _name(name, f"tiers.{name}")
         if not any(rules.values()):
@@ -79,12 +82,20 @@ def check_document(doc: Any) -> dict:
     default_tier = doc.get("default_tier")
     if default_tier is not None and default_tier not in tiers:
         raise ConfigError(f"unknown tier {default_tier!r} (known: {', '.join(tiers) or 'none'})", "default_tier")
-    tenants = {key: _check_tenant(key, spec, tiers, default_tier, names)
-               for key, spec in _mapping(doc.get("tenants", {}), "tenants").items()}
+    tenants = {
+        key: _check_tenant(key, spec, tiers, default_tier, names)
+        for key, spec in _mapping(doc.get("tenants", {}), "tenants").items()
+    }
     priorities = doc.get("priorities") or {}
     parse_priorities(priorities, names)
-    checked = {"default_tier": default_tier, "levels": levels, "tiers": tiers, "global": global_rules,
-               "tenants": tenants, "priorities": {n: dict(p) for n, p in priorities.items()}}
+    checked = {
+        "default_tier": default_tier,
+        "levels": levels,
+        "tiers": tiers,
+        "global": global_rules,
+        "tenants": tenants,
+        "priorities": {n: dict(p) for n, p in priorities.items()},
+    }
     _check_compiles(checked)
     return checked
 
@@ -119,7 +130,7 @@ def _check_levels(levels: Any) -> list[dict]:
         try:
             mode = parse_fail_modes({name: spec}, (name,))[name]
         except ConfigError as error:
-            raise ConfigError(error.reason, f"levels[{i}]" + error.path[len(f"fail_modes.{name}"):]) from None
+            raise ConfigError(error.reason, f"levels[{i}]" + error.path[len(f"fail_modes.{name}") :]) from None
         out.append({"name": name, "fail_mode": mode.mode, "fallback_fraction": mode.fallback_fraction})
     return out
 
@@ -171,8 +182,11 @@ def _check_tenant(key: Any, spec: Any, tiers: dict, default_tier: str | None, le
     if tier not in tiers:
         raise ConfigError(f"unknown tier {tier!r} (known: {', '.join(tiers) or 'none'})", f"{path}.tier")
     overrides = _rules_by_level(spec.get("overrides") or {}, levels, f"{path}.overrides")
-    return {"tier": tier, "overrides": overrides,
-            "overrides_until": _datetime(spec.get("overrides_until"), f"{path}.overrides_until")}
+    return {
+        "tier": tier,
+        "overrides": overrides,
+        "overrides_until": _datetime(spec.get("overrides_until"), f"{path}.overrides_until"),
+    }
 
 
 def _datetime(value: Any, path: str) -> dt.datetime | None:
@@ -181,7 +195,7 @@ def _datetime(value: Any, path: str) -> dt.datetime | None:
     moment = value if isinstance(value, dt.datetime) else parse_datetime(value) if isinstance(value, str) else None
     if moment is None:
         raise ConfigError("must be a date and time like 2026-12-31T00:00:00Z", path)
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
 
 
 def _check_compiles(checked: dict) -> None:
@@ -189,11 +203,19 @@ def _check_compiles(checked: dict) -> None:
     rule twice at one level (one bucket) is refused here rather than at request time."""
     globals_ = checked["global"]
     owners = [(f"tiers.{name}", rules, {}) for name, rules in checked["tiers"].items()]
-    owners += [(f"tenants.{key}.overrides", checked["tiers"][t["tier"]], t["overrides"])
-               for key, t in checked["tenants"].items() if t["overrides"]]
+    owners += [
+        (f"tenants.{key}.overrides", checked["tiers"][t["tier"]], t["overrides"])
+        for key, t in checked["tenants"].items()
+        if t["overrides"]
+    ]
     for path, rules, overrides in owners:
-        config = {level["name"]: [*overrides.get(level["name"], rules.get(level["name"], [])),
-                                  *globals_.get(level["name"], [])] for level in checked["levels"]}
+        config = {
+            level["name"]: [
+                *overrides.get(level["name"], rules.get(level["name"], [])),
+                *globals_.get(level["name"], []),
+            ]
+            for level in checked["levels"]
+        }
         try:
             parse_levels(config)
         except ConfigError as error:
@@ -253,8 +275,11 @@ class _Loader:
         out = {}
         for position, spec in enumerate(self.doc["levels"]):
             level = existing.get(spec["name"]) or Level(name=spec["name"])
-            wanted = {"position": position, "fail_mode": spec["fail_mode"],
-                      "fallback_fraction": spec["fallback_fraction"]}
+            wanted = {
+                "position": position,
+                "fail_mode": spec["fail_mode"],
+                "fallback_fraction": spec["fallback_fraction"],
+            }
             if level.pk is None or any(getattr(level, k) != v for k, v in wanted.items()):
                 for k, v in wanted.items():
                     setattr(level, k, v)
@@ -294,8 +319,13 @@ class _Loader:
         wanted[("global", None)] = self.doc["global"]
         current: dict[tuple, dict[str, list[dict]]] = {}
         for rule in Rule.objects.select_related("tier", "tenant", "level").order_by("position", "id"):
-            owner = ("tier", rule.tier.name) if rule.tier else ("tenant", rule.tenant.key) if rule.tenant \
+            owner = (
+                ("tier", rule.tier.name)
+                if rule.tier
+                else ("tenant", rule.tenant.key)
+                if rule.tenant
                 else ("global", None)
+            )
             current.setdefault(owner, {}).setdefault(rule.level.name, []).append(rule.spec())
         for owner in set(wanted) | set(current):
             if _normal(wanted.get(owner, {})) != _normal(current.get(owner, {})):
@@ -305,8 +335,13 @@ class _Loader:
         from .models import Rule
 
         kind, name = owner
-        row_owner = {"tier": self.tiers.get(name)} if kind == "tier" else \
-            {"tenant": self.tenants.get(name)} if kind == "tenant" else {}
+        row_owner = (
+            {"tier": self.tiers.get(name)}
+            if kind == "tier"
+            else {"tenant": self.tenants.get(name)}
+            if kind == "tenant"
+            else {}
+        )
         if kind != "global" and None in row_owner.values():
             return  # an owner that is gone: its rules went with it
         Rule.objects.filter(tier=row_owner.get("tier"), tenant=row_owner.get("tenant")).delete()
@@ -339,17 +374,20 @@ class _Loader:
 
 
 def _rule_fields(spec: dict) -> dict:
-    return {"type": spec["type"], "label": spec.get("label") or "", "shadow": spec.get("shadow", False),
-            "counts": spec.get("counts", "cost"),
-            "params": {k: v for k, v in spec.items() if k not in RULE_FIELDS}}
+    return {
+        "type": spec["type"],
+        "label": spec.get("label") or "",
+        "shadow": spec.get("shadow", False),
+        "counts": spec.get("counts", "cost"),
+        "params": {k: v for k, v in spec.items() if k not in RULE_FIELDS},
+    }
 
 
 def _normal(rules: dict[str, list[dict]]) -> dict:
     """Rules compared as the store keeps them (a `shadow: false` or `counts: cost` is no change)."""
     from .models import Rule
 
-    return {level: [Rule(**_rule_fields(spec)).spec() for spec in specs]
-            for level, specs in rules.items() if specs}
+    return {level: [Rule(**_rule_fields(spec)).spec() for spec in specs] for level, specs in rules.items() if specs}
 
 
 # Exporting --------------------------------------------------------------------------------
@@ -369,8 +407,13 @@ def export_policy() -> dict:
     overrides: dict[str, dict] = {}
     global_rules: dict[str, list] = {}
     for rule in Rule.objects.select_related("tier", "tenant", "level").order_by("level__position", "position", "id"):
-        target = tiers[rule.tier.name] if rule.tier else overrides.setdefault(rule.tenant.key, {}) \
-            if rule.tenant else global_rules
+        target = (
+            tiers[rule.tier.name]
+            if rule.tier
+            else overrides.setdefault(rule.tenant.key, {})
+            if rule.tenant
+            else global_rules
+        )
         target.setdefault(rule.level.name, []).append(rule.spec())
     doc["tiers"] = tiers
     where = global_level(tuple(level.name for level in levels))
@@ -381,8 +424,7 @@ def export_policy() -> dict:
         if tenant.key in overrides:
             spec["overrides"] = overrides[tenant.key]
         if tenant.overrides_until:
-            spec["overrides_until"] = tenant.overrides_until.astimezone(dt.timezone.utc).isoformat().replace(
-                "+00:00", "Z")
+            spec["overrides_until"] = tenant.overrides_until.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
         doc["tenants"][tenant.key] = spec
     doc["priorities"] = {}
     for priority in PriorityClass.objects.prefetch_related("levels").order_by("name"):

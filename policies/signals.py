@@ -8,8 +8,7 @@ from django.db.models.signals import m2m_changed, post_delete, post_save
 
 from . import models
 
-POLICY_MODELS = (models.Level, models.Tier, models.Tenant, models.Rule, models.PriorityClass,
-                 models.PolicySettings)
+POLICY_MODELS = (models.Level, models.Tier, models.Tenant, models.Rule, models.PriorityClass, models.PolicySettings)
 
 
 def bump_version() -> None:
@@ -52,5 +51,6 @@ def connect() -> None:
     for model in POLICY_MODELS:
         post_save.connect(policy_changed, sender=model, dispatch_uid=f"policies-save-{model.__name__}")
         post_delete.connect(policy_changed, sender=model, dispatch_uid=f"policies-delete-{model.__name__}")
-    m2m_changed.connect(policy_changed, sender=models.PriorityClass.levels.through,
-                        dispatch_uid="policies-m2m-priority-levels")
+    m2m_changed.connect(
+        policy_changed, sender=models.PriorityClass.levels.through, dispatch_uid="policies-m2m-priority-levels"
+    )

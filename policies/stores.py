@@ -19,19 +19,28 @@ def limiter_store() -> Store:
     if settings.REDIS_URL and settings.REDIS_URL.startswith("redis-cluster://"):
         from core.stores.cluster import ClusterStore
 
-        return ClusterStore(url=settings.REDIS_URL, prefix=settings.LIMITER_KEY_PREFIX,
-                            timeout=settings.LIMITER_STORE_TIMEOUT, batch_timeout=settings.LIMITER_BATCH_TIMEOUT,
-                            shards=settings.LIMITER_CLUSTER_SHARDS, shard_by=settings.LIMITER_CLUSTER_SHARD_BY,
-                            split=settings.LIMITER_CLUSTER_SPLIT,
-                            global_mode=settings.LIMITER_CLUSTER_GLOBAL_MODE,
-                            lease_fraction=settings.LIMITER_CLUSTER_LEASE_FRACTION)
+        return ClusterStore(
+            url=settings.REDIS_URL,
+            prefix=settings.LIMITER_KEY_PREFIX,
+            timeout=settings.LIMITER_STORE_TIMEOUT,
+            batch_timeout=settings.LIMITER_BATCH_TIMEOUT,
+            shards=settings.LIMITER_CLUSTER_SHARDS,
+            shard_by=settings.LIMITER_CLUSTER_SHARD_BY,
+            split=settings.LIMITER_CLUSTER_SPLIT,
+            global_mode=settings.LIMITER_CLUSTER_GLOBAL_MODE,
+            lease_fraction=settings.LIMITER_CLUSTER_LEASE_FRACTION,
+        )
     if settings.REDIS_URL and "limiter" in settings.CACHES:
         from django_redis import get_redis_connection
 
         from core.stores.redis import RedisStore
 
-        return RedisStore(client=get_redis_connection("limiter"), prefix=settings.LIMITER_KEY_PREFIX,
-                          batch_client=get_redis_connection("limiter_batch"), key_format=settings.LIMITER_KEY_FORMAT)
+        return RedisStore(
+            client=get_redis_connection("limiter"),
+            prefix=settings.LIMITER_KEY_PREFIX,
+            batch_client=get_redis_connection("limiter_batch"),
+            key_format=settings.LIMITER_KEY_FORMAT,
+        )
     return MemoryStore()
 
 

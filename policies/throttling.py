@@ -48,8 +48,9 @@ import math
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -132,8 +133,7 @@ def limit_for(owner: type, setting: str, with_paths: bool = False) -> Limit | No
         with _limits_lock:
             limit = _limits.get((setting, owner))
             if limit is None:
-                limit = _limits[(setting, owner)] = build_limit(config, setting, lambda: owner.timer(),
-                                                                with_paths)
+                limit = _limits[(setting, owner)] = build_limit(config, setting, lambda: owner.timer(), with_paths)
     return limit
 
 
@@ -153,6 +153,7 @@ setting_changed.connect(_forget_limits, dispatch_uid="policies.throttling.forget
 
 def build_limit(config: Any, setting: str, clock: Callable[[], float], with_paths: bool = False) -> Limit:
     """Compile one setting; ImproperlyConfigured names the bad field (`LIMITER_THROTTLE["burst"]`)."""
+
     def bad(field: str, message: str) -> ImproperlyConfigured:
         return ImproperlyConfigured(f'{setting}["{field}"]: {message}' if field else f"{setting}: {message}")
 
@@ -168,7 +169,7 @@ def build_limit(config: Any, setting: str, clock: Callable[[], float], with_path
     except ConfigError as error:
         # The engine names the rule by its level ("client[0].capacity"); the setting's
         # author wrote it under "rules" (or "rate"/"burst", which are one rule).
-        where = error.path[len(CLIENT_LEVEL):] if error.path.startswith(CLIENT_LEVEL) else f".{error.path}"
+        where = error.path[len(CLIENT_LEVEL) :] if error.path.startswith(CLIENT_LEVEL) else f".{error.path}"
         field = "rules" if "rules" in config else "rate"
         raise ImproperlyConfigured(f'{setting}["{field}"]{where.rstrip(".")}: {error.reason}') from None
     quota, window = advertised_policy(limiter.limiter.levels[CLIENT_LEVEL])
@@ -179,8 +180,9 @@ def build_limit(config: Any, setting: str, clock: Callable[[], float], with_path
         sf_string(name)
     except ValueError as error:
         raise bad("policy", str(error)) from None
-    return Limit(limiter, name, quota, window, _key_function(config.get("key"), bad),
-                 _paths(config, bad) if with_paths else ())
+    return Limit(
+        limiter, name, quota, window, _key_function(config.get("key"), bad), _paths(config, bad) if with_paths else ()
+    )
 
 
 def _rule_specs(config: dict, bad) -> list[dict]:
@@ -209,8 +211,10 @@ def _parse_rate(rate: Any, bad) -> tuple[float, float]:
     else:
         found = _RATE.match(rate) if isinstance(rate, str) else None
         if found is None:
-            raise bad("rate", f'must look like "10/s", "100/min", "1000/hour" or '
-                                              f'"5/day", or be a number per second; got {rate!r}')
+            raise bad(
+                "rate",
+                f'must look like "10/s", "100/min", "1000/hour" or "5/day", or be a number per second; got {rate!r}',
+            )
         count, period = float(found.group(1)), float(_PERIODS[found.group(2).lower()])
     if not 0 < count < math.inf:
         raise bad("rate", f"must be greater than 0, got {rate!r}")
@@ -262,8 +266,9 @@ class LimiterThrottle(BaseThrottle):
     def limit(cls) -> Limit:
         limit = limit_for(cls, cls.setting)
         if limit is None:
-            raise ImproperlyConfigured(f"{cls.__name__} needs the {cls.setting} setting "
-                                       f'(e.g. {{"rate": "10/s", "burst": 20}})')
+            raise ImproperlyConfigured(
+                f'{cls.__name__} needs the {cls.setting} setting (e.g. {{"rate": "10/s", "burst": 20}})'
+            )
         return limit
 
     def get_cost(self, request, view) -> float:

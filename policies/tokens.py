@@ -78,8 +78,11 @@ def find_token(token: str, now: float | None = None) -> TokenIdentity | None:
         with _cache_lock:
             _cache[digest] = (cached[0], now + CACHE_SECONDS)
     try:
-        row = ServiceToken.objects.filter(prefix=parts[1], revoked_at__isnull=True).only(
-            "id", "name", "scope", "digest").first()
+        row = (
+            ServiceToken.objects.filter(prefix=parts[1], revoked_at__isnull=True)
+            .only("id", "name", "scope", "digest")
+            .first()
+        )
     except DatabaseError as error:
         if cached is None:
             raise

@@ -30,9 +30,11 @@ def free_port() -> int:
 def redis_server_binary() -> str:
     binary = shutil.which("redis-server")
     if binary is None:
-        pytest.fail("redis-server is not on PATH: the Redis store's tests need a real server "
-                    "(install it, e.g. `apt-get install redis-server`, as .ci/run does)",
-                    pytrace=False)
+        pytest.fail(
+            "redis-server is not on PATH: the Redis store's tests need a real server "
+            "(install it, e.g. `apt-get install redis-server`, as .ci/run does)",
+            pytrace=False,
+        )
     return binary
 
 
@@ -56,13 +58,28 @@ class RedisServer:
         """A client of our own, separate from whatever the code under test uses."""
         return redis.Redis(host="127.0.0.1", port=self.port, **options)
 
-    def start(self) -> "RedisServer":
+    def start(self) -> RedisServer:
         assert self.process is None, "the server is already running"
         self.process = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.directory,
-             "--logfile", os.path.join(self.directory, "redis.log"), *self.options],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.directory,
+                "--logfile",
+                os.path.join(self.directory, "redis.log"),
+                *self.options,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self._wait_for_ping()
         return self
 
@@ -104,8 +121,7 @@ class RedisServer:
                     log = os.path.join(self.directory, "redis.log")
                     tail = open(log).read()[-2000:] if os.path.exists(log) else ""
                     self.process = None
-                    pytest.fail(f"redis-server on port {self.port} exited at start-up:\n{tail}",
-                                pytrace=False)
+                    pytest.fail(f"redis-server on port {self.port} exited at start-up:\n{tail}", pytrace=False)
                 try:
                     if client.ping():
                         return
@@ -113,8 +129,10 @@ class RedisServer:
                     pass
                 if time.monotonic() > deadline:
                     self.kill()
-                    pytest.fail(f"redis-server on port {self.port} did not answer PING "
-                                f"within {STARTUP_TIMEOUT} s", pytrace=False)
+                    pytest.fail(
+                        f"redis-server on port {self.port} did not answer PING within {STARTUP_TIMEOUT} s",
+                        pytrace=False,
+                    )
                 time.sleep(0.01)  # start-up polling, not an edge: any pace will do
         finally:
             client.close()
@@ -171,32 +189,57 @@ class RedisClusterServers:
         for i in range(primaries * 2):
             node_dir = os.path.join(str(directory), f"node{i}")
             os.makedirs(node_dir, exist_ok=True)
-            self.nodes.append(RedisServer(node_dir, port=ports_left.pop(), options=(
-                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-port", str(ports_left.pop()),
-                "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS), "--appendonly", "no",
-                # A replica syncs at once (not 5 s later): one never synced cannot fail over.
-                "--repl-diskless-sync-delay", "0",
-                # The other primaries' slots keep serving while one primary's are down (the
-                # default refuses every key until a replica has taken over: CLUSTERDOWN).
-                "--cluster-require-full-coverage", "no")))
+            self.nodes.append(
+                RedisServer(
+                    node_dir,
+                    port=ports_left.pop(),
+                    options=(
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-port",
+                        str(ports_left.pop()),
+                        "--cluster-node-timeout",
+                        str(self.NODE_TIMEOUT_MS),
+                        "--appendonly",
+                        "no",
+                        # A replica syncs at once (not 5 s later): one never synced cannot fail over.
+                        "--repl-diskless-sync-delay",
+                        "0",
+                        # The other primaries' slots keep serving while one primary's are down (the
+                        # default refuses every key until a replica has taken over: CLUSTERDOWN).
+                        "--cluster-require-full-coverage",
+                        "no",
+                    ),
+                )
+            )
 
     @property
     def url(self) -> str:
         """`redis-cluster://host:port,host:port,...`: every node is a startup node."""
         return "redis-cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
 
-    def start(self) -> "RedisClusterServers":
+    def start(self) -> RedisClusterServers:
         for node in self.nodes:
             node.start()
         created = subprocess.run(
-            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{node.port}" for node in self.nodes),
-             "--cluster-replicas", "1", "--cluster-yes"],
-            capture_output=True, text=True, timeout=60)
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{node.port}" for node in self.nodes),
+                "--cluster-replicas",
+                "1",
+                "--cluster-yes",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if created.returncode != 0:
             self.kill()
-            pytest.fail(f"redis-cli --cluster create failed:\n{created.stdout}\n{created.stderr}",
-                        pytrace=False)
+            pytest.fail(f"redis-cli --cluster create failed:\n{created.stdout}\n{created.stderr}", pytrace=False)
         self.wait_until_ok()
         return self
 
@@ -211,9 +254,11 @@ class RedisClusterServers:
                 try:
                     info = client.execute_command("CLUSTER", "INFO")
                     replication = client.info("replication")
-                    states.append(b"cluster_state:ok" in info and b"cluster_slots_ok:16384" in info
-                                  and (replication["role"] == "master"
-                                       or replication.get("master_link_status") == "up"))
+                    states.append(
+                        b"cluster_state:ok" in info
+                        and b"cluster_slots_ok:16384" in info
+                        and (replication["role"] == "master" or replication.get("master_link_status") == "up")
+                    )
                 except redis.RedisError:
                     states.append(False)
                 finally:

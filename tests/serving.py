@@ -32,14 +32,27 @@ def free_port() -> int:
 class Service:
     """gunicorn serving limiter_admin with its own database (and Redis, if given)."""
 
-    def __init__(self, policy: dict, redis_url: str | None = None, workers: int = 1, threads: int = 8,
-                 extra_env: dict | None = None, scope: str = "decide") -> None:
+    def __init__(
+        self,
+        policy: dict,
+        redis_url: str | None = None,
+        workers: int = 1,
+        threads: int = 8,
+        extra_env: dict | None = None,
+        scope: str = "decide",
+    ) -> None:
         self.directory = tempfile.TemporaryDirectory(prefix="limiter-e2e-")
         self.port = free_port()
         self.workers, self.threads = workers, threads
-        self.env = {**os.environ, "DATABASE_URL": f"sqlite:///{self.directory.name}/db.sqlite3",
-                    "DEBUG": "0", "ALLOWED_HOSTS": "127.0.0.1,localhost", "SECRET_KEY": "e2e-" + "x" * 60,
-                    "DJANGO_SETTINGS_MODULE": "limiter_admin.settings", **(extra_env or {})}
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": f"sqlite:///{self.directory.name}/db.sqlite3",
+            "DEBUG": "0",
+            "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "SECRET_KEY": "e2e-" + "x" * 60,
+            "DJANGO_SETTINGS_MODULE": "limiter_admin.settings",
+            **(extra_env or {}),
+        }
         self.env.pop("REDIS_URL", None)
         if redis_url:
             self.env["REDIS_URL"] = redis_url
@@ -48,13 +61,14 @@ class Service:
         self.token = ""
 
     def manage(self, *args: str) -> str:
-        done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env,
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=120
+        )
         if done.returncode:
             raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
         return done.stdout
 
-    def start(self) -> "Service":
+    def start(self) -> Service:
         policy_file = Path(self.directory.name) / "policy.json"
         policy_file.write_text(json.dumps(self.policy))
         self.manage("migrate", "--noinput")
@@ -62,9 +76,26 @@ class Service:
         self.token = self.manage("createservicetoken", "e2e", "--scope", self.scope).strip().splitlines()[-1]
         self.log = open(Path(self.directory.name) / "gunicorn.log", "w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "limiter_admin.wsgi", "-c", "python:limiter_admin.gunicorn_conf",
-             "-b", f"127.0.0.1:{self.port}", "-w", str(self.workers), "--threads", str(self.threads)],
-            cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "limiter_admin.wsgi",
+                "-c",
+                "python:limiter_admin.gunicorn_conf",
+                "-b",
+                f"127.0.0.1:{self.port}",
+                "-w",
+                str(self.workers),
+                "--threads",
+                str(self.threads),
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self._wait_until_ready()
         return self
 
@@ -89,8 +120,9 @@ class Service:
     def connection(self, timeout: float = 10.0) -> http.client.HTTPConnection:
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
 
-    def request(self, method: str, path: str, body: dict | None = None,
-                connection: http.client.HTTPConnection | None = None) -> tuple[int, dict]:
+    def request(
+        self, method: str, path: str, body: dict | None = None, connection: http.client.HTTPConnection | None = None
+    ) -> tuple[int, dict]:
         own = connection is None
         connection = connection or self.connection()
         try:
@@ -123,7 +155,7 @@ class Service:
                 self.process.wait()
         self.process = None
 
-    def __enter__(self) -> "Service":
+    def __enter__(self) -> Service:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -1,4 +1,5 @@
 """The project runs: health probe, admin, operator account, settings from the environment."""
+
 import io
 import re
 import runpy
@@ -176,6 +177,10 @@ def test_the_deploy_check_passes_behind_tls_with_a_real_secret_key(tmp_path):
     }
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr

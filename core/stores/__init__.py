@@ -26,5 +26,6 @@ def store_from_url(url: str, **options) -> Store:
         from .cluster import ClusterStore
 
         return ClusterStore(url=url, **options)
-    raise ConfigError(f"unsupported store URL {url!r} (known schemes: memory, redis, rediss, unix, redis-cluster)",
-                      "store")
+    raise ConfigError(
+        f"unsupported store URL {url!r} (known schemes: memory, redis, rediss, unix, redis-cluster)", "store"
+    )

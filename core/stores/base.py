@@ -12,8 +12,9 @@ batch in order, in one round trip where the store is remote.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from ..errors import StoreUnavailable
 from ..reservations import new_reservation_id
@@ -84,8 +85,7 @@ class Store:
 
     # --- batches ------------------------------------------------------------------------
 
-    def decide_many(self, items: Sequence[tuple[Any, float, float | None, str | None]]
-                    ) -> list[Outcome | Any]:
+    def decide_many(self, items: Sequence[tuple[Any, float, float | None, str | None]]) -> list[Outcome | Any]:
         """`decide` for each (plan, cost, now, lease), in order, as if one after the other.
         An item the store could not decide comes back as its StoreUnavailable (the others
         still count). The default is a loop; a remote store sends them in one round trip."""
@@ -109,8 +109,7 @@ class Store:
         live beside the plan's keys (a cluster's shard) may name that place in the id."""
         return new_reservation_id()
 
-    def reserve(self, plan: Any, cost: float, now: float, lease: str | None,
-                record: dict) -> Outcome | Any:
+    def reserve(self, plan: Any, cost: float, now: float, lease: str | None, record: dict) -> Outcome | Any:
         """`decide`, and when it takes, keep `record` (a Reservation's to_dict()) open until
         its `expires_at`, so that `settle` can find it from any process using this store."""
         raise NotImplementedError(f"{type(self).__name__} must implement reserve()")
@@ -120,8 +119,7 @@ class Store:
         "cancelled"); None when unknown or expired at `now` (None: the store's own time)."""
         raise NotImplementedError(f"{type(self).__name__} must implement reservation()")
 
-    def settle(self, plan: Any, reservation_id: str, actual_cost: float | None,
-               now: float | None) -> tuple[float, int]:
+    def settle(self, plan: Any, reservation_id: str, actual_cost: float | None, now: float | None) -> tuple[float, int]:
         """In one atomic step: check the record is open, mark it settled (it stays until it
         expires, as a tombstone), give back or charge `actual_cost - cost` at every rule
         that counts cost (all of it when `actual_cost` is None: a cancel), and release the

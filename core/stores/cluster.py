@@ -35,13 +35,21 @@ import math
 import threading
 import time
 import zlib
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster, key_slot
-from redis.exceptions import (AskError, ConnectionError, MovedError, RedisClusterException,
-                              RedisError, ResponseError, TimeoutError)
+from redis.exceptions import (
+    AskError,
+    ConnectionError,
+    MovedError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TimeoutError,
+)
 from redis.retry import Retry
 
 from ..decision import Decision
@@ -82,20 +90,29 @@ class ClusterPlan(RedisPlan):
 
     __slots__ = ("shard", "turns", "variants")
 
-    def pick(self) -> "ClusterPlan":
+    def pick(self) -> ClusterPlan:
         return self.variants[next(self.turns) % len(self.variants)] if self.variants else self
 
 
 class ClusterStore(RedisStore):
     """Rule state in a Redis Cluster; see the module's docstring for the key layout."""
 
-    def __init__(self, url: str | None = None, client: RedisCluster | None = None,
-                 prefix: str = "la", timeout: float = DEFAULT_TIMEOUT, shards: int = DEFAULT_SHARDS,
-                 shard_by: str = "team", split: Sequence[str] = ("global",),
-                 breaker: CircuitBreaker | None = None, batch_timeout: float = BATCH_TIMEOUT,
-                 global_mode: str = "lease", lease_fraction: float = DEFAULT_FRACTION,
-                 lease_interval: float = DEFAULT_INTERVAL,
-                 lease_clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        client: RedisCluster | None = None,
+        prefix: str = "la",
+        timeout: float = DEFAULT_TIMEOUT,
+        shards: int = DEFAULT_SHARDS,
+        shard_by: str = "team",
+        split: Sequence[str] = ("global",),
+        breaker: CircuitBreaker | None = None,
+        batch_timeout: float = BATCH_TIMEOUT,
+        global_mode: str = "lease",
+        lease_fraction: float = DEFAULT_FRACTION,
+        lease_interval: float = DEFAULT_INTERVAL,
+        lease_clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         check_options(shards, global_mode, lease_fraction, lease_interval)
         if client is None:
             client = connect_cluster(url or "", timeout)
@@ -104,8 +121,7 @@ class ClusterStore(RedisStore):
         else:
             batch_client = client
         self._current = threading.local()  # the breaker of the shard this thread calls
-        super().__init__(client=client, prefix=prefix, timeout=timeout, breaker=breaker,
-                         batch_client=batch_client)
+        super().__init__(client=client, prefix=prefix, timeout=timeout, breaker=breaker, batch_client=batch_client)
         # Script calls go out as FCALL on connections held per node (_script), not through
         # the cluster client's command path.
         self._head = self._fcall_head
@@ -147,13 +163,23 @@ class ClusterStore(RedisStore):
         """The plan on one shard: split levels' rules at 1/shards; the other levels' keys
         (users) scoped by the `shard_by` key (`owner`, their team) when there is one."""
         fraction = 1 / self.shards
-        local = [Check(c.level, c.key, c.rule.scaled(fraction), c.floor * fraction)
-                 if c.level in self.split and self.shards > 1 else c for c in checks]
+        local = [
+            Check(c.level, c.key, c.rule.scaled(fraction), c.floor * fraction)
+            if c.level in self.split and self.shards > 1
+            else c
+            for c in checks
+        ]
         base = super().prepare(local)
         plan = ClusterPlan.__new__(ClusterPlan)
-        plan.keys = tuple(self.key_name(c.level, c.key if owner is None or c.level in self.split
-                                        or c.level == self.shard_by else f"{c.key}@{owner}",
-                                        c.rule, shard) for c in checks)
+        plan.keys = tuple(
+            self.key_name(
+                c.level,
+                c.key if owner is None or c.level in self.split or c.level == self.shard_by else f"{c.key}@{owner}",
+                c.rule,
+                shard,
+            )
+            for c in checks
+        )
         plan.key_count, plan.spec, plan.checks = base.key_count, base.spec, base.checks
         plan.leased, plan.optimistic = base.leased, base.optimistic
         plan.shard, plan.turns, plan.variants = shard, itertools.count(), []
@@ -172,16 +198,17 @@ class ClusterStore(RedisStore):
             return self.release(plan.inner, now, lease) if plan.leased else 0
         return self._on(plan.shard, super().release, plan, now, lease)
 
-    def reserve(self, plan: ClusterPlan, cost: float, now: float, lease: str | None,
-                record: dict) -> Outcome:
+    def reserve(self, plan: ClusterPlan, cost: float, now: float, lease: str | None, record: dict) -> Outcome:
         if plan.__class__ is LeasedPlan:
-            return self._leased(plan, cost, now, lambda inner: self.reserve(inner, cost, now, lease, record),
-                                always=True)
+            return self._leased(
+                plan, cost, now, lambda inner: self.reserve(inner, cost, now, lease, record), always=True
+            )
         plan = self._variant(plan, record["id"])
         return self._on(plan.shard, super().reserve, plan, cost, now, lease, record)
 
-    def settle(self, plan: ClusterPlan, reservation_id: str, actual_cost: float | None,
-               now: float | None) -> tuple[float, int]:
+    def settle(
+        self, plan: ClusterPlan, reservation_id: str, actual_cost: float | None, now: float | None
+    ) -> tuple[float, int]:
         if plan.__class__ is LeasedPlan:
             delta, released = self.settle(plan.inner, reservation_id, actual_cost, now)
             for _, budget in plan.budgets:  # as settle.lua: rules that count cost, by the difference
@@ -201,8 +228,11 @@ class ClusterStore(RedisStore):
         capacity summed, the longest time to full). A leased one: its pool and this
         process's slice."""
         if plan.__class__ is LeasedPlan:
-            return self._with_budgets(plan, self.inspect(plan.inner, now) if plan.inner.keys else [],
-                                      lambda budget: self._pool_state(budget, now))
+            return self._with_budgets(
+                plan,
+                self.inspect(plan.inner, now) if plan.inner.keys else [],
+                lambda budget: self._pool_state(budget, now),
+            )
         if not plan.variants:
             return super().inspect(plan, now)
         rows = [super(ClusterStore, self).inspect(variant, now) for variant in plan.variants]
@@ -216,6 +246,7 @@ class ClusterStore(RedisStore):
             room = self._pool_state(budget, now)["remaining"]
             amount = 1.0 if budget.counts_requests else cost
             return (0.0 if room >= amount else math.inf if amount > budget.capacity else budget.interval), room
+
         return self._with_budgets(plan, self.explain(plan.inner, cost, now) if plan.inner.keys else [], row)
 
     def reset(self, plan: ClusterPlan) -> None:
@@ -245,13 +276,16 @@ class ClusterStore(RedisStore):
             key = f"{self.prefix}:{{{check.level}:{check.key}}}:{rule_tag(check.rule)}:pool"
             budget = self._budgets.get(key)
             if budget is None:
-                budget = self._budgets.setdefault(key, Budget(
-                    key, check.rule, self._lease, self.lease_fraction, self.lease_interval, self.lease_clock))
+                budget = self._budgets.setdefault(
+                    key,
+                    Budget(key, check.rule, self._lease, self.lease_fraction, self.lease_interval, self.lease_clock),
+                )
             budgets.append((i, budget))
         return LeasedPlan(list(checks), budgets, inner, rest)
 
-    def _leased(self, plan: LeasedPlan, cost: float, now: float | None, inner_call: Callable,
-                always: bool = False) -> Outcome:
+    def _leased(
+        self, plan: LeasedPlan, cost: float, now: float | None, inner_call: Callable, always: bool = False
+    ) -> Outcome:
         """Take from every leased slice (denying at the first that cannot give), then let
         Redis decide the other levels; a denial there, or an error, gives the slices back."""
         taken, room = [], math.inf
@@ -274,20 +308,23 @@ class ClusterStore(RedisStore):
             _give_back(taken)
         return outcome if outcome.__class__ is Decision else plan.outcome(outcome)
 
-    def _lease(self, key: str, now: float | None, capacity: float, rate: float, want: float,
-               need: float, give_back: float) -> tuple[float, float, float]:
+    def _lease(
+        self, key: str, now: float | None, capacity: float, rate: float, want: float, need: float, give_back: float
+    ) -> tuple[float, float, float]:
         at = "-" if now is None else repr(now)
-        granted, pool, wait = self._lease_script(keys=[key], args=[at, repr(capacity), repr(rate), repr(want),
-                                                                   repr(need), repr(give_back)])
+        granted, pool, wait = self._lease_script(
+            keys=[key], args=[at, repr(capacity), repr(rate), repr(want), repr(need), repr(give_back)]
+        )
         return float(granted), float(pool), float(wait)
 
     def _pool_state(self, budget: Budget, now: float | None) -> dict:
         """The pool as it is now (taking nothing), plus what is left of this process's slice."""
         _, pool, _ = self._on_pools(self._lease, budget.key, now, budget.capacity, budget.rate, 0.0, 0.0, 0.0)
         tokens = min(budget.capacity, pool + max(0.0, budget.allowance))
-        full_in = 0.0 if tokens >= budget.capacity else (budget.capacity - tokens) / budget.rate if budget.rate else math.inf
-        return {"tokens": tokens, "capacity": budget.capacity, "remaining": tokens, "full_in": full_in,
-                "leased": True}
+        full_in = (
+            0.0 if tokens >= budget.capacity else (budget.capacity - tokens) / budget.rate if budget.rate else math.inf
+        )
+        return {"tokens": tokens, "capacity": budget.capacity, "remaining": tokens, "full_in": full_in, "leased": True}
 
     def _with_budgets(self, plan: LeasedPlan, inner_rows: list, row: Callable) -> list:
         rows: list = [None] * len(plan.checks)
@@ -316,8 +353,13 @@ class ClusterStore(RedisStore):
         the next call finds the replica that took over."""
         count = len(args)
         tail = b"".join(bulk(arg.encode()) for arg in args)
-        command = (b"*%d\r\n" % (3 + len(keys) + count) + self._fcall_head + bulk(b"%d" % len(keys))
-                   + b"".join(bulk(key.encode()) for key in keys) + tail)
+        command = (
+            b"*%d\r\n" % (3 + len(keys) + count)
+            + self._fcall_head
+            + bulk(b"%d" % len(keys))
+            + b"".join(bulk(key.encode()) for key in keys)
+            + tail
+        )
         for attempt in range(NOSCRIPT_TRIES + 1):
             try:
                 node = self._node_of(keys[0]) if keys else self.client.get_random_node()
@@ -373,8 +415,9 @@ class ClusterStore(RedisStore):
     def decide_many(self, items: Sequence[tuple]) -> list:
         """As on one Redis, with each plan that has no shard taking the next in turn. Leased
         plans are decided alone, in their turn (their slices are local)."""
-        return super().decide_many([(plan if plan.__class__ is LeasedPlan else plan.pick(), *rest)
-                                    for plan, *rest in items])
+        return super().decide_many(
+            [(plan if plan.__class__ is LeasedPlan else plan.pick(), *rest) for plan, *rest in items]
+        )
 
     def _evalsha_many(self, calls: list[tuple[tuple, str]], client: Any = None) -> list:
         """The cluster client does not pipeline scripts, so the batch is grouped by node and
@@ -387,8 +430,9 @@ class ClusterStore(RedisStore):
         answers: list = [None] * len(calls)
         for node, entries in self._by_node(calls, answers).items():
             try:
-                replies = super()._evalsha_many([calls[i] for i in entries],
-                                                self.batch_client.get_redis_connection(node))
+                replies = super()._evalsha_many(
+                    [calls[i] for i in entries], self.batch_client.get_redis_connection(node)
+                )
             except RedisError as error:
                 replies = [error] * len(entries)
             for i, reply in zip(entries, replies):
@@ -472,8 +516,12 @@ def _shard_of_id(reservation_id: str, shards: int) -> int | None:
     return int(shard)
 
 
-def check_options(shards: Any = DEFAULT_SHARDS, global_mode: Any = "lease",
-                  lease_fraction: Any = DEFAULT_FRACTION, lease_interval: Any = DEFAULT_INTERVAL) -> None:
+def check_options(
+    shards: Any = DEFAULT_SHARDS,
+    global_mode: Any = "lease",
+    lease_fraction: Any = DEFAULT_FRACTION,
+    lease_interval: Any = DEFAULT_INTERVAL,
+) -> None:
     """ConfigError naming the first bad option (before anything connects)."""
     if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= 16384:
         raise ConfigError("must be a whole number from 1 to 16384", "shards")
@@ -499,12 +547,15 @@ def parse_cluster_url(url: str) -> list[tuple[str, int]]:
     return nodes
 
 
-def connect_cluster(url: str, timeout: float = DEFAULT_TIMEOUT,
-                    read_timeout: float | None = None) -> RedisCluster:
+def connect_cluster(url: str, timeout: float = DEFAULT_TIMEOUT, read_timeout: float | None = None) -> RedisCluster:
     """A cluster client from `redis-cluster://host:port[,host:port...]` that gives up fast:
     `timeout` to connect, `read_timeout` (default: `timeout`) for an answer."""
     nodes = [ClusterNode(host, port) for host, port in parse_cluster_url(url)]
-    return RedisCluster(startup_nodes=nodes, socket_timeout=read_timeout or timeout,
-                        socket_connect_timeout=timeout,
-                        retry=Retry(NoBackoff(), 0), max_connections=MAX_CONNECTIONS,
-                        require_full_coverage=False)
+    return RedisCluster(
+        startup_nodes=nodes,
+        socket_timeout=read_timeout or timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+        max_connections=MAX_CONNECTIONS,
+        require_full_coverage=False,
+    )

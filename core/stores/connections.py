@@ -14,7 +14,8 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import redis
 from redis.exceptions import RedisError, ResponseError
@@ -42,8 +43,7 @@ class HeldConnections:
     none of its parent's connections.
     """
 
-    def __init__(self, pool: redis.ConnectionPool,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, pool: redis.ConnectionPool, clock: Callable[[], float] = time.monotonic) -> None:
         self.pool = weakref.ref(pool)  # the pool's entry in _HELD must not keep it alive
         self.clock = clock
         self.idle: deque = deque()  # (connection, when it went idle), the latest last
@@ -92,7 +92,7 @@ def _make_ready(connection: Any) -> None:
 
 
 # The HeldConnections of each pool of this process.
-_HELD: "weakref.WeakKeyDictionary[Any, HeldConnections]" = weakref.WeakKeyDictionary()
+_HELD: weakref.WeakKeyDictionary[Any, HeldConnections] = weakref.WeakKeyDictionary()
 _HELD_LOCK = threading.Lock()
 
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..buckets import GCRA, TokenBucket
 
@@ -41,8 +42,15 @@ class Budget:
     """This process's slice of one pool. `call(key, now, capacity, rate, want, need,
     give_back)` runs lua/lease.lua and returns (granted, pool left, wait)."""
 
-    def __init__(self, key: str, rule: Any, call: Callable, fraction: float = DEFAULT_FRACTION,
-                 interval: float = DEFAULT_INTERVAL, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        key: str,
+        rule: Any,
+        call: Callable,
+        fraction: float = DEFAULT_FRACTION,
+        interval: float = DEFAULT_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.key, self.call, self.interval, self.clock = key, call, interval, clock
         self.capacity, self.rate = float(rule.capacity), float(rule.rate)
         self.slice = self.capacity * fraction
@@ -59,8 +67,9 @@ class Budget:
                 self.allowance -= amount
                 return True, 0.0, self.allowance
             give_back = self.allowance
-            granted, self.pool, wait = self.call(self.key, now, self.capacity, self.rate,
-                                                 max(amount, self.slice), amount, give_back)
+            granted, self.pool, wait = self.call(
+                self.key, now, self.capacity, self.rate, max(amount, self.slice), amount, give_back
+            )
             self.allowance = 0.0  # given back (only once the pool has it: a failed call keeps it)
             if granted >= amount - EPSILON:
                 self.allowance, self.expires = granted - amount, self.clock() + self.interval

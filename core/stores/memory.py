@@ -17,8 +17,9 @@ from __future__ import annotations
 import heapq
 import threading
 import time
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..decision import NO_NAMES, OK, Decision, allowed
 from ..errors import ReservationNotFound, ReservationSettled
@@ -40,7 +41,7 @@ class MemoryPlan:
 
     __slots__ = ("slots", "lean", "locks", "leased")
 
-    def __init__(self, slots: list, locks: list, store: "MemoryStore") -> None:
+    def __init__(self, slots: list, locks: list, store: MemoryStore) -> None:
         self.slots = slots
         self.locks = locks
         self.leased = [s for s in slots if s[0].leased]
@@ -48,7 +49,7 @@ class MemoryPlan:
         self.lean = compile_lean(slots, locks, store) if simple else None
 
 
-def compile_lean(slots: list, locks: list, store: "MemoryStore") -> Callable[..., tuple]:
+def compile_lean(slots: list, locks: list, store: MemoryStore) -> Callable[..., tuple]:
     """The decision for these slots as straight-line code: take the locks, ask each rule in
     turn, stop at the first that does not fit, write the new states only once all fit.
 
@@ -77,18 +78,28 @@ def _lean_maker(locks: int, counts_requests: tuple) -> Callable:
     for i, per_request in enumerate(counts_requests):
         params += [f"a{i}", f"g{i}", f"t{i}", f"n{i}", f"f{i}"]
         cost = "1.0" if per_request else "cost"
-        lines += [f"            s{i} = a{i}(g{i}(n{i}), now, {cost}, f{i})",
-                  f"            if s{i}.__class__ is float: return deny({i}, s{i}, cost, now)"]
+        lines += [
+            f"            s{i} = a{i}(g{i}(n{i}), now, {cost}, f{i})",
+            f"            if s{i}.__class__ is float: return deny({i}, s{i}, cost, now)",
+        ]
     lines += [f"            t{i}[n{i}] = s{i}" for i in range(len(counts_requests))]
     lines += ["            pass", "        finally:"] + [f"            unlock{j}()" for j in reversed(range(locks))]
     lines += ["        writes[0] += 1", "        if writes[0] >= writes[1]: sweep(now)"]
     lines += ["        left = INFINITY"]
     lines += [f"        if s{i}[1] < left: left = s{i}[1]" for i in range(len(counts_requests))]
     lines += ["        return new(Decision, (True, 0.0, None, OK, left, False, None, NO_NAMES))"]
-    source = (f"def make({', '.join(params)}):\n    def decide(cost, now, lease=None):\n"
-              + "\n".join(lines) + "\n    return decide")
-    namespace: dict[str, Any] = {"INFINITY": INFINITY, "new": tuple.__new__, "Decision": Decision,
-                                 "OK": OK, "NO_NAMES": NO_NAMES}
+    source = (
+        f"def make({', '.join(params)}):\n    def decide(cost, now, lease=None):\n"
+        + "\n".join(lines)
+        + "\n    return decide"
+    )
+    namespace: dict[str, Any] = {
+        "INFINITY": INFINITY,
+        "new": tuple.__new__,
+        "Decision": Decision,
+        "OK": OK,
+        "NO_NAMES": NO_NAMES,
+    }
     exec(source, namespace)
     return namespace["make"]
 
@@ -211,8 +222,7 @@ class MemoryStore(Store):
 
     # --- reservations: records in a dict, dropped once they expire ----------------------
 
-    def reserve(self, plan: MemoryPlan, cost: float, now: float, lease: str | None,
-                record: dict) -> Outcome:
+    def reserve(self, plan: MemoryPlan, cost: float, now: float, lease: str | None, record: dict) -> Outcome:
         with _Locked(plan.locks):
             outcome = self._decide(plan.slots, cost, now, lease)
             if outcome[0] < 0 and lease:  # the slots last as long as the reservation
@@ -244,8 +254,7 @@ class MemoryStore(Store):
                 return None
             return _public(record)
 
-    def settle(self, plan: MemoryPlan, reservation_id: str, actual_cost: float | None,
-               now: float) -> tuple[float, int]:
+    def settle(self, plan: MemoryPlan, reservation_id: str, actual_cost: float | None, now: float) -> tuple[float, int]:
         with _Locked(plan.locks), self._records_lock:
             record = self._records.get(reservation_id)
             if record is None or now >= record["expires_at"]:

@@ -34,8 +34,9 @@ import threading
 import time
 import zlib
 from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -54,18 +55,34 @@ from .connections import bulk, held_connections
 from .memory import MemoryStore
 
 LUA_DIR = Path(__file__).parent / "lua"
-LUA_FILES = ("prelude.lua", "token_bucket.lua", "fixed_window.lua", "sliding_window.lua",
-             "sliding_window_counter.lua", "concurrency.lua", "decide.lua")
+LUA_FILES = (
+    "prelude.lua",
+    "token_bucket.lua",
+    "fixed_window.lua",
+    "sliding_window.lua",
+    "sliding_window_counter.lua",
+    "concurrency.lua",
+    "decide.lua",
+)
 # The two numbers each built-in rule hands its Lua twin, by class: a plug-in subclass,
 # whose behaviour may differ, does not run on Lua.
 LUA_ARGS: dict[type, tuple[str, str]] = {
-    TokenBucket: ("capacity", "rate"), GCRA: ("capacity", "rate"),
-    FixedWindow: ("capacity", "window"), SlidingWindowCounter: ("capacity", "window"),
-    SlidingWindowLog: ("capacity", "window"), Concurrency: ("capacity", "lease"),
+    TokenBucket: ("capacity", "rate"),
+    GCRA: ("capacity", "rate"),
+    FixedWindow: ("capacity", "window"),
+    SlidingWindowCounter: ("capacity", "window"),
+    SlidingWindowLog: ("capacity", "window"),
+    Concurrency: ("capacity", "lease"),
 }
 # How each rule's state is read back for explain() and inspect().
-READ_COMMANDS = {TokenBucket: "GET", GCRA: "GET", FixedWindow: "GET", SlidingWindowCounter: "GET",
-                 SlidingWindowLog: "LRANGE", Concurrency: "ZRANGE"}
+READ_COMMANDS = {
+    TokenBucket: "GET",
+    GCRA: "GET",
+    FixedWindow: "GET",
+    SlidingWindowCounter: "GET",
+    SlidingWindowLog: "LRANGE",
+    Concurrency: "ZRANGE",
+}
 NOSCRIPT_TRIES = 3
 # How rule state keys are named (see RedisStore.key_name).
 KEY_FORMATS = ("compact", "readable")
@@ -103,8 +120,9 @@ class CircuitBreaker:
     up to `most`. A single slow reply (a busy host) does not open it; a dead Redis, which
     fails every call, opens it within a few calls."""
 
-    def __init__(self, first: float = 0.05, most: float = 0.5, threshold: int = 3,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, first: float = 0.05, most: float = 0.5, threshold: int = 3, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.first, self.most, self.threshold, self.clock = first, most, threshold, clock
         self.failures = 0
         self.probing = False
@@ -145,8 +163,7 @@ class RedisPlan:
 
     __slots__ = ("keys", "key_count", "spec", "checks", "leased", "optimistic")
 
-    def __init__(self, keys: list[str], spec: str, checks: Sequence[Check],
-                 optimistic: bool) -> None:
+    def __init__(self, keys: list[str], spec: str, checks: Sequence[Check], optimistic: bool) -> None:
         self.keys, self.spec, self.checks = tuple(keys), spec, list(checks)
         self.key_count = len(keys)
         self.leased = any(check.rule.leased for check in checks)
@@ -158,10 +175,16 @@ class RedisStore(Store):
 
     clock = staticmethod(lambda: None)  # None: the script reads the server's TIME
 
-    def __init__(self, client: redis.Redis | None = None, url: str | None = None,
-                 prefix: str = "la", timeout: float = DEFAULT_TIMEOUT,
-                 breaker: CircuitBreaker | None = None,
-                 batch_client: redis.Redis | None = None, key_format: str = "compact") -> None:
+    def __init__(
+        self,
+        client: redis.Redis | None = None,
+        url: str | None = None,
+        prefix: str = "la",
+        timeout: float = DEFAULT_TIMEOUT,
+        breaker: CircuitBreaker | None = None,
+        batch_client: redis.Redis | None = None,
+        key_format: str = "compact",
+    ) -> None:
         if key_format not in KEY_FORMATS:
             raise ConfigError(f"must be one of {', '.join(KEY_FORMATS)}, not {key_format!r}", "key_format")
         self.key_format = key_format
@@ -198,9 +221,14 @@ class RedisStore(Store):
             keys.append(self.key_name(level, key, rule))
             if type(rule) in LUA_ARGS:
                 first, second = LUA_ARGS[type(rule)]
-                spec += [rule.type_name, repr(float(floor)), "1" if rule.counts_requests else "0",
-                         "1" if rule.shadow else "0", repr(float(getattr(rule, first))),
-                         repr(float(getattr(rule, second)))]
+                spec += [
+                    rule.type_name,
+                    repr(float(floor)),
+                    "1" if rule.counts_requests else "0",
+                    "1" if rule.shadow else "0",
+                    repr(float(getattr(rule, first))),
+                    repr(float(getattr(rule, second))),
+                ]
         optimistic = any(type(check.rule) not in LUA_ARGS for check in checks)
         return RedisPlan(keys, "".join(" " + part for part in spec), checks, optimistic)
 
@@ -237,6 +265,7 @@ class RedisStore(Store):
             if reply.__class__ is not list and lease is None:
                 return allowed(float(reply))
             return outcome_of(reply)
+
         return decide
 
     def release(self, plan: RedisPlan, now: float | None, lease: str) -> int:
@@ -247,8 +276,9 @@ class RedisStore(Store):
         argument = f"{'-' if now is None else repr(now)} 0 {lease} release{plan.spec}"
         return int(self._call(self._script, plan.keys, argument)[0])
 
-    def decide_many(self, items: Sequence[tuple[RedisPlan, float, float | None, str | None]]
-                    ) -> list[Outcome | StoreUnavailable]:
+    def decide_many(
+        self, items: Sequence[tuple[RedisPlan, float, float | None, str | None]]
+    ) -> list[Outcome | StoreUnavailable]:
         """Every Lua decision of the batch in one pipeline (one round trip), in order. A plan
         on the optimistic path is decided on its own, in its turn, between pipelines."""
         results: list = [None] * len(items)
@@ -324,8 +354,7 @@ class RedisStore(Store):
         seconds, micros = self._call(self.client.time)
         return seconds + micros / 1_000_000
 
-    def reserve(self, plan: RedisPlan, cost: float, now: float, lease: str | None,
-                record: dict) -> Outcome:
+    def reserve(self, plan: RedisPlan, cost: float, now: float, lease: str | None, record: dict) -> Outcome:
         key, expires_at = self.reservation_key(record["id"]), record["expires_at"]
         if plan.optimistic:
             outcome = self._call(self._decide_optimistically, plan, cost, now, lease, expires_at)
@@ -350,19 +379,23 @@ class RedisStore(Store):
                 pipe.time()
                 pipe.hgetall(self.reservation_key(reservation_id))
                 return pipe.execute()
+
         (seconds, micros), raw = self._call(read)
         record = decode_record(raw) if raw else None
         at = seconds + micros / 1_000_000 if now is None else now
         return record if record is not None and at < record["expires_at"] else None
 
-    def settle(self, plan: RedisPlan, reservation_id: str, actual_cost: float | None,
-               now: float | None) -> tuple[float, int]:
+    def settle(
+        self, plan: RedisPlan, reservation_id: str, actual_cost: float | None, now: float | None
+    ) -> tuple[float, int]:
         key = self.reservation_key(reservation_id)
         if plan.optimistic:
             answer = self._call(self._settle_optimistically, plan, key, actual_cost, now)
         else:
-            argument = (f"{'-' if now is None else repr(now)} "
-                        f"{'-' if actual_cost is None else repr(actual_cost)} - settle{plan.spec}")
+            argument = (
+                f"{'-' if now is None else repr(now)} "
+                f"{'-' if actual_cost is None else repr(actual_cost)} - settle{plan.spec}"
+            )
             answer = self._call(self._script, (*plan.keys, key), argument)
         if answer[0] == b"missing":
             raise ReservationNotFound(f"no reservation {reservation_id!r} (unknown or expired)")
@@ -421,13 +454,15 @@ class RedisStore(Store):
         now = seconds + micros / 1_000_000 if now is None else now
         return now, [decode(check.rule, value) for check, value in zip(plan.checks, raw)]
 
-    def _decide_optimistically(self, plan: RedisPlan, cost: float, now: float | None,
-                               lease: str | None, lease_until: float | None = None) -> Outcome:
+    def _decide_optimistically(
+        self, plan: RedisPlan, cost: float, now: float | None, lease: str | None, lease_until: float | None = None
+    ) -> Outcome:
         """A plan with a plug-in rule that has no Lua twin: WATCH its keys, read every state,
         decide in Python (the in-process store's two phases), then write in MULTI/EXEC; if a
         key changed meanwhile, EXEC fails and the whole decision is made again. Costs 3 + n
         round trips, and retries under contention; a Lua decision costs one. `lease_until`:
         when the lease, a reservation's, must run out."""
+
         def decide(slots: list, at: float, _: Any) -> tuple[Outcome, list[bool], None]:
             outcome = MemoryStore._decide(slots, cost, at, lease)
             if outcome[0] >= 0:
@@ -436,6 +471,7 @@ class RedisStore(Store):
                 MemoryStore._shorten_leases(slots, lease, lease_until)
             shadows = {slots[i][2] for i in outcome[3]}  # shadow rules that would deny take nothing
             return outcome, [name not in shadows for _, _, name, *_ in slots], None
+
         return self._optimistically(plan, now, decide)
 
     def _release_optimistically(self, plan: RedisPlan, now: float | None, lease: str) -> int:
@@ -447,12 +483,15 @@ class RedisStore(Store):
                     table[name] = state
                 changed.append(state is not None)
             return sum(changed), changed, None
+
         return self._optimistically(plan, now, release)
 
-    def _settle_optimistically(self, plan: RedisPlan, record_key: str, actual_cost: float | None,
-                               now: float | None) -> list:
+    def _settle_optimistically(
+        self, plan: RedisPlan, record_key: str, actual_cost: float | None, now: float | None
+    ) -> list:
         """settle.lua's steps in Python, for a plan with a plug-in rule: the record is
         watched with the rules' keys, and marked settled in the same MULTI/EXEC."""
+
         def settle(slots: list, at: float, raw: dict) -> tuple[list, list[bool], dict | None]:
             record = decode_record(raw) if raw else None
             if record is None or at >= record["expires_at"]:
@@ -473,17 +512,18 @@ class RedisStore(Store):
             status = CANCELLED if actual_cost is None else COMMITTED
             fields = {"status": status, "actual_cost": json.dumps(actual_cost)}
             return [b"ok", released, repr(float(delta))], changed, fields
+
         return self._optimistically(plan, now, settle, record_key)
 
-    def _optimistically(self, plan: RedisPlan, now: float | None, work: Callable,
-                        record_key: str | None = None) -> Any:
+    def _optimistically(self, plan: RedisPlan, now: float | None, work: Callable, record_key: str | None = None) -> Any:
         # Threads of this process take turns per key set, so that WATCH only ever races
         # other processes: 200 threads all watching one key would mostly fail each other.
         with self._turns[hash(plan.keys) % len(self._turns)]:
             return self._watch_and_write(plan, now, work, record_key)
 
-    def _watch_and_write(self, plan: RedisPlan, now: float | None, work: Callable,
-                         record_key: str | None = None) -> Any:
+    def _watch_and_write(
+        self, plan: RedisPlan, now: float | None, work: Callable, record_key: str | None = None
+    ) -> Any:
         """WATCH the plan's keys (and a reservation's record, read first and handed to
         `work`), read every state, let `work` change them, and write back in MULTI/EXEC
         the states it changed (and the record's fields it returns)."""
@@ -493,14 +533,16 @@ class RedisStore(Store):
                 if attempt and time.monotonic() > deadline:
                     break
                 if attempt:  # back off, with jitter, so that contenders stop colliding
-                    time.sleep(random.uniform(0, min(0.01, 0.0002 * 2 ** attempt)))
+                    time.sleep(random.uniform(0, min(0.01, 0.0002 * 2**attempt)))
                 try:
                     pipe.watch(*plan.keys, *([record_key] if record_key else []))
                     record = pipe.hgetall(record_key) if record_key else None
                     at, states = self._read(plan, now, pipe)
                     table = dict(zip(plan.keys, states))
-                    slots = [(c.rule, table, key, c.floor, c.rule.shadow, c.rule.counts_requests)
-                             for c, key in zip(plan.checks, plan.keys)]
+                    slots = [
+                        (c.rule, table, key, c.floor, c.rule.shadow, c.rule.counts_requests)
+                        for c, key in zip(plan.checks, plan.keys)
+                    ]
                     result, changed, fields = work(slots, at, record)
                     pipe.multi()
                     # Some rules change their state in place, so every state of a check
@@ -535,9 +577,12 @@ class RedisStore(Store):
             head = self._head
             start = packed.get(head)
             if start is None:
-                start = packed[head] = (b"*%d\r\n" % (3 + len(keys) + count) + head
-                                        + bulk(b"%d" % len(keys))
-                                        + b"".join(bulk(key.encode()) for key in keys))
+                start = packed[head] = (
+                    b"*%d\r\n" % (3 + len(keys) + count)
+                    + head
+                    + bulk(b"%d" % len(keys))
+                    + b"".join(bulk(key.encode()) for key in keys)
+                )
             try:
                 return self._held.call(start + tail)
             except ResponseError as error:
@@ -612,9 +657,14 @@ def outcome_of(reply: Any) -> Outcome:
 def connect(url: str, timeout: float = DEFAULT_TIMEOUT, read_timeout: float | None = None) -> redis.Redis:
     """A plain redis-py client (with hiredis when installed) that gives up fast: short
     timeouts, no retries. Under Django the client comes from django-redis instead."""
-    return redis.Redis.from_url(url, socket_timeout=read_timeout or timeout, socket_connect_timeout=timeout,
-                                retry=Retry(NoBackoff(), 0), health_check_interval=0,
-                                max_connections=MAX_CONNECTIONS)
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=read_timeout or timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+        health_check_interval=0,
+        max_connections=MAX_CONNECTIONS,
+    )
 
 
 def write(pipe: Any, key: str, rule: Rule, state: Any, now: float) -> None:
@@ -680,8 +730,7 @@ def record_fields(record: dict, untaken: Sequence[str]) -> dict:
 
 def decode_record(raw: dict) -> dict:
     """A record's hash, as read back, in the shape `reservation()` returns."""
-    fields = {name.decode(): value.decode() for name, value in raw.items()
-              if not name.startswith(b"untaken:")}
+    fields = {name.decode(): value.decode() for name, value in raw.items() if not name.startswith(b"untaken:")}
     record = {name: json.loads(fields[name]) for name in _RECORD_JSON if name in fields}
     record.update({"lease": fields.get("lease") or None, "status": fields.get("status", OPEN)})
     return record
@@ -702,5 +751,16 @@ def _base36(number: int) -> str:
             return out
 
 
-__all__ = ["CircuitBreaker", "RedisStore", "connect", "decode", "decode_record", "lua_body",
-           "lua_library", "lua_source", "outcome_of", "record_fields", "write"]
+__all__ = [
+    "CircuitBreaker",
+    "RedisStore",
+    "connect",
+    "decode",
+    "decode_record",
+    "lua_body",
+    "lua_library",
+    "lua_source",
+    "outcome_of",
+    "record_fields",
+    "write",
+]

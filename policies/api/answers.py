@@ -16,7 +16,7 @@ answer the named rule is a best guess.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 from core import Decision, HierarchicalLimiter
 from policies.headers import limit_item, policy_item, quota_units, retry_after_header, rule_quota, sf_string
@@ -41,9 +41,19 @@ def decision_body(decision: Decision) -> dict:
 
 def explain_rows(rows: list[dict]) -> list[dict]:
     """A dry run's per-rule findings, JSON-safe."""
-    return [{"level": row["level"], "key": row["key"], "rule": row["rule"], "name": row["name"],
-             "label": row["label"], "shadow": row["shadow"], "wait": json_number(row["wait"]),
-             "remaining": json_number(row["remaining"])} for row in rows]
+    return [
+        {
+            "level": row["level"],
+            "key": row["key"],
+            "rule": row["rule"],
+            "name": row["name"],
+            "label": row["label"],
+            "shadow": row["shadow"],
+            "wait": json_number(row["wait"]),
+            "remaining": json_number(row["remaining"]),
+        }
+        for row in rows
+    ]
 
 
 class _HeaderPlan:

@@ -105,5 +105,8 @@ class ServiceTokenScheme(OpenApiAuthenticationExtension):
     name = "bearerAuth"
 
     def get_security_definition(self, auto_schema):
-        return {"type": "http", "scheme": "bearer",
-                "description": "A token from `manage.py createservicetoken NAME --scope decide|admin`."}
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A token from `manage.py createservicetoken NAME --scope decide|admin`.",
+        }

@@ -27,8 +27,11 @@ from .auth import IsOperator
 from .errors import conflict, invalid, not_found
 
 TAGS = ["policy"]
-CONFLICT = {409: OpenApiResponse(schemas.Error, description="Changed since you read it (a stale version), "
-                                                            "a name already taken, or still in use.")}
+CONFLICT = {
+    409: OpenApiResponse(
+        schemas.Error, description="Changed since you read it (a stale version), a name already taken, or still in use."
+    )
+}
 WRITE_ERRORS = {**schemas.ERRORS, **CONFLICT}
 ITEM_ERRORS = {**schemas.ERRORS, **schemas.NOT_FOUND}
 
@@ -130,8 +133,9 @@ class PolicyItem(generics.RetrieveUpdateDestroyAPIView):
         try:
             atomically(instance.delete)
         except ProtectedError as error:  # taken into use since the check above
-            raise conflict(f"{self.kind} {instance} is still in use ({len(error.protected_objects)} rows); "
-                           f"remove those uses first") from None
+            raise conflict(
+                f"{self.kind} {instance} is still in use ({len(error.protected_objects)} rows); remove those uses first"
+            ) from None
 
     def refuse_if_used(self, instance) -> None:
         """Raise a 409 that says what still uses `instance` (optional)."""
@@ -140,8 +144,13 @@ class PolicyItem(generics.RetrieveUpdateDestroyAPIView):
 def _list_schema(kind: str, one: str, serializer, **more):
     return extend_schema_view(
         get=extend_schema(summary=f"List {kind}", tags=TAGS, responses={200: serializer, **schemas.ERRORS}, **more),
-        post=extend_schema(summary=f"Create a {one}", tags=TAGS, responses={201: serializer, **WRITE_ERRORS},
-                           description="409 if one with that name already exists."))
+        post=extend_schema(
+            summary=f"Create a {one}",
+            tags=TAGS,
+            responses={201: serializer, **WRITE_ERRORS},
+            description="409 if one with that name already exists.",
+        ),
+    )
 
 
 def _item_schema(kind: str, serializer):
@@ -149,13 +158,22 @@ def _item_schema(kind: str, serializer):
     written = {200: serializer, **ITEM_ERRORS, **CONFLICT}
     return extend_schema_view(
         get=extend_schema(summary=f"Read a {kind}", tags=TAGS, responses={200: serializer, **ITEM_ERRORS}),
-        put=extend_schema(summary=f"Replace a {kind}", tags=TAGS, responses=written,
-                          description=f"Every field is required.{lock}"),
-        patch=extend_schema(summary=f"Change some fields of a {kind}", tags=TAGS, responses=written,
-                            description=f"Only the fields sent change.{lock}"),
-        delete=extend_schema(summary=f"Delete a {kind}", tags=TAGS,
-                             responses={204: None, **ITEM_ERRORS, **CONFLICT},
-                             description="409 while something still uses it."))
+        put=extend_schema(
+            summary=f"Replace a {kind}", tags=TAGS, responses=written, description=f"Every field is required.{lock}"
+        ),
+        patch=extend_schema(
+            summary=f"Change some fields of a {kind}",
+            tags=TAGS,
+            responses=written,
+            description=f"Only the fields sent change.{lock}",
+        ),
+        delete=extend_schema(
+            summary=f"Delete a {kind}",
+            tags=TAGS,
+            responses={204: None, **ITEM_ERRORS, **CONFLICT},
+            description="409 while something still uses it.",
+        ),
+    )
 
 
 # Tiers ------------------------------------------------------------------------------------
@@ -175,13 +193,16 @@ class TierItem(PolicyItem):
 
     def refuse_if_used(self, tier):
         if PolicySettings.objects.filter(pk=1, default_tier=tier).exists():
-            raise conflict(f"tier {tier.name!r} is the default tier: choose another default tier first "
-                           f"(PUT /api/v1/settings)", "name")
+            raise conflict(
+                f"tier {tier.name!r} is the default tier: choose another default tier first (PUT /api/v1/settings)",
+                "name",
+            )
         keys = list(tier.tenants.order_by("key").values_list("key", flat=True)[:5])
         if keys:
             more = tier.tenants.count() - len(keys)
-            raise conflict(f"tier {tier.name!r} is used by tenants {_names(keys, more)}: move them to "
-                           f"another tier first", "name")
+            raise conflict(
+                f"tier {tier.name!r} is used by tenants {_names(keys, more)}: move them to another tier first", "name"
+            )
 
 
 # Tenants ----------------------------------------------------------------------------------
@@ -226,15 +247,20 @@ class LevelItem(PolicyItem):
     def refuse_if_used(self, level):
         rules = Rule.objects.filter(level=level).select_related("tier", "tenant")
         if rules:
-            owners = sorted({f"tier {r.tier}" if r.tier else f"tenant {r.tenant}" if r.tenant else "global"
-                             for r in rules})
-            raise conflict(f"level {level.name!r} has {len(rules)} rule(s) ({', '.join(owners)}): "
-                           f"remove them first", "name")
+            owners = sorted(
+                {f"tier {r.tier}" if r.tier else f"tenant {r.tenant}" if r.tenant else "global" for r in rules}
+            )
+            raise conflict(
+                f"level {level.name!r} has {len(rules)} rule(s) ({', '.join(owners)}): remove them first", "name"
+            )
         classes = list(level.priority_classes.values_list("name", flat=True))
         if classes:
             # Dropping it would quietly move those classes to their default level.
-            raise conflict(f"level {level.name!r} is used by priority classes {', '.join(classes)}: "
-                           f"take it out of their levels first", "name")
+            raise conflict(
+                f"level {level.name!r} is used by priority classes {', '.join(classes)}: "
+                f"take it out of their levels first",
+                "name",
+            )
 
 
 # Priority classes ------------------------------------------------------------------------------
@@ -262,7 +288,8 @@ SETTINGS_RESPONSES = {200: shapes.SettingsSerializer, **schemas.ERRORS}
 @extend_schema_view(
     get=extend_schema(summary="Read the policy settings", tags=TAGS, responses=SETTINGS_RESPONSES),
     put=extend_schema(summary="Replace the policy settings", tags=TAGS, responses=SETTINGS_RESPONSES),
-    patch=extend_schema(summary="Change some policy settings", tags=TAGS, responses=SETTINGS_RESPONSES))
+    patch=extend_schema(summary="Change some policy settings", tags=TAGS, responses=SETTINGS_RESPONSES),
+)
 class SettingsView(generics.RetrieveUpdateAPIView):
     """The store-wide settings: the default tier, for team keys that name no tenant."""
 

@@ -11,7 +11,7 @@ request, go through DRF as before) whose common request takes a lean path to the
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -86,10 +86,14 @@ class GatewayView(APIView):
 
     @classmethod
     def _lean_path_fits(cls) -> bool:
-        return (list(cls.parser_classes) == [FastJSONParser] and list(cls.renderer_classes) == [JSONRenderer]
-                and list(cls.authentication_classes)[:1] == [ServiceTokenAuthentication]
-                and not cls.throttle_classes and cls.versioning_class is None
-                and cls.content_negotiation_class is DefaultContentNegotiation)
+        return (
+            list(cls.parser_classes) == [FastJSONParser]
+            and list(cls.renderer_classes) == [JSONRenderer]
+            and list(cls.authentication_classes)[:1] == [ServiceTokenAuthentication]
+            and not cls.throttle_classes
+            and cls.versioning_class is None
+            and cls.content_negotiation_class is DefaultContentNegotiation
+        )
 
     def answer(self, request) -> tuple[dict, dict]:
         """The body and header fields of a 200 for `request` (`request.data`: the JSON body)."""
@@ -108,24 +112,31 @@ class GatewayView(APIView):
             call = _Call(request, self._authenticate(request))
             for permission in self.get_permissions():
                 if not permission.has_permission(call, self):
-                    raise exceptions.PermissionDenied(getattr(permission, "message", None),
-                                                      getattr(permission, "code", None))
+                    raise exceptions.PermissionDenied(
+                        getattr(permission, "message", None), getattr(permission, "code", None)
+                    )
             body, headers = self.answer(call)
         except Exception as exc:
             return self._finalize_lean(self._handle_lean_exception(exc, call or request), call or request)
         # What DRF's Response would become, rendered here: Content-Type, the view's fields, Allow.
-        return HttpResponse(self.renderer_classes[0]().render(body),
-                            headers={"Content-Type": JSON, **headers, **self._response_headers()})
+        return HttpResponse(
+            self.renderer_classes[0]().render(body),
+            headers={"Content-Type": JSON, **headers, **self._response_headers()},
+        )
 
     def _takes_lean_path(self, request, kwargs) -> bool:
         meta = request.META
-        return (request.method == "POST" and not meta.get("QUERY_STRING") and meta.get("CONTENT_TYPE") == JSON
-                and meta.get("HTTP_ACCEPT") in PLAIN_ACCEPTS
-                and meta.get("HTTP_AUTHORIZATION", "").partition(" ")[0].lower() == "bearer"
-                and self.settings.FORMAT_SUFFIX_KWARG not in kwargs
-                # APIClient.force_authenticate: DRF then skips the authenticators.
-                and getattr(request, "_force_auth_user", None) is None
-                and getattr(request, "_force_auth_token", None) is None)
+        return (
+            request.method == "POST"
+            and not meta.get("QUERY_STRING")
+            and meta.get("CONTENT_TYPE") == JSON
+            and meta.get("HTTP_ACCEPT") in PLAIN_ACCEPTS
+            and meta.get("HTTP_AUTHORIZATION", "").partition(" ")[0].lower() == "bearer"
+            and self.settings.FORMAT_SUFFIX_KWARG not in kwargs
+            # APIClient.force_authenticate: DRF then skips the authenticators.
+            and getattr(request, "_force_auth_user", None) is None
+            and getattr(request, "_force_auth_token", None) is None
+        )
 
     @staticmethod
     def _authenticate(request):
@@ -167,10 +178,14 @@ class GatewayView(APIView):
 
 
 class DecisionView(GatewayView):
-    @extend_schema(request=schemas.DecisionRequest, responses={200: schemas.Decision, **schemas.ERRORS},
-                   summary="May this request go?", tags=["decisions"],
-                   description="Checks every rule at every level named in `keys`, then takes `cost` from "
-                               "all of them or from none. `dry_run` explains without taking anything.")
+    @extend_schema(
+        request=schemas.DecisionRequest,
+        responses={200: schemas.Decision, **schemas.ERRORS},
+        summary="May this request go?",
+        tags=["decisions"],
+        description="Checks every rule at every level named in `keys`, then takes `cost` from "
+        "all of them or from none. `dry_run` explains without taking anything.",
+    )
     def post(self, request):
         return super().post(request)
 
@@ -189,10 +204,14 @@ class DecisionView(GatewayView):
 
 
 class BatchView(GatewayView):
-    @extend_schema(request=schemas.BatchRequest, responses={200: schemas.BatchAnswer, **schemas.ERRORS},
-                   summary="Many decisions at once", tags=["decisions"],
-                   description="Up to 1,000 requests, answered in order, each as if made one after the "
-                               "other. On Redis the whole batch is one pipelined round trip.")
+    @extend_schema(
+        request=schemas.BatchRequest,
+        responses={200: schemas.BatchAnswer, **schemas.ERRORS},
+        summary="Many decisions at once",
+        tags=["decisions"],
+        description="Up to 1,000 requests, answered in order, each as if made one after the "
+        "other. On Redis the whole batch is one pipelined round trip.",
+    )
     def post(self, request):
         return super().post(request)
 
@@ -211,22 +230,27 @@ class BatchView(GatewayView):
 
 
 def _epoch_iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
 class ReservationView(APIView):
     permission_classes = [CanDecide]
 
-    @extend_schema(request=schemas.ReservationRequest,
-                   responses={201: schemas.Reservation,
-                              200: OpenApiResponse(schemas.Reservation, description="Denied: nothing reserved."),
-                              **schemas.ERRORS},
-                   summary="Reserve an estimated cost", tags=["reservations"],
-                   description="Takes `cost` at every level (and any concurrency slots) at once, or nothing. "
-                               "Settle it with /commit and the actual cost, or /cancel. An unsettled "
-                               "reservation's slots come back when it expires; its tokens stay spent. "
-                               "While the store is down a fail mode may allow without a reservation: "
-                               "then `id` is null and there is nothing to settle.")
+    @extend_schema(
+        request=schemas.ReservationRequest,
+        responses={
+            201: schemas.Reservation,
+            200: OpenApiResponse(schemas.Reservation, description="Denied: nothing reserved."),
+            **schemas.ERRORS,
+        },
+        summary="Reserve an estimated cost",
+        tags=["reservations"],
+        description="Takes `cost` at every level (and any concurrency slots) at once, or nothing. "
+        "Settle it with /commit and the actual cost, or /cancel. An unsettled "
+        "reservation's slots come back when it expires; its tokens stay spent. "
+        "While the store is down a fail mode may allow without a reservation: "
+        "then `id` is null and there is nothing to settle.",
+    )
     def post(self, request):
         cache = policy_cache()
         keys, cost, priority, hold = parse_reservation(request.data, cache.current())
@@ -260,17 +284,27 @@ class SettleView(APIView):
             raise not_found(f"no open reservation {reservation_id!r}: unknown, or expired", "id") from None
         except ReservationSettled:
             raise conflict(f"reservation {reservation_id!r} is already settled", "id") from None
-        return Response({"id": reservation_id, "status": "committed" if self.commit else "cancelled",
-                         "refunded": settlement.refunded, "charged": settlement.charged,
-                         "released": settlement.released})
+        return Response(
+            {
+                "id": reservation_id,
+                "status": "committed" if self.commit else "cancelled",
+                "refunded": settlement.refunded,
+                "charged": settlement.charged,
+                "released": settlement.released,
+            }
+        )
 
 
 class CommitView(SettleView):
-    @extend_schema(request=schemas.CommitRequest, responses={200: schemas.Settlement, **SETTLE_ERRORS},
-                   summary="Settle a reservation with its actual cost", tags=["reservations"],
-                   description="Refunds the estimate's excess, or charges the shortfall (which may put a "
-                               "rule into debt), and releases concurrency slots. 404 when unknown or "
-                               "expired; 409 when already settled.")
+    @extend_schema(
+        request=schemas.CommitRequest,
+        responses={200: schemas.Settlement, **SETTLE_ERRORS},
+        summary="Settle a reservation with its actual cost",
+        tags=["reservations"],
+        description="Refunds the estimate's excess, or charges the shortfall (which may put a "
+        "rule into debt), and releases concurrency slots. 404 when unknown or "
+        "expired; 409 when already settled.",
+    )
     def post(self, request, reservation_id):
         return super().post(request, reservation_id)
 
@@ -278,7 +312,11 @@ class CommitView(SettleView):
 class CancelView(SettleView):
     commit = False
 
-    @extend_schema(request=None, responses={200: schemas.Settlement, **SETTLE_ERRORS},
-                   summary="Cancel a reservation: refund all of it", tags=["reservations"])
+    @extend_schema(
+        request=None,
+        responses={200: schemas.Settlement, **SETTLE_ERRORS},
+        summary="Cancel a reservation: refund all of it",
+        tags=["reservations"],
+    )
     def post(self, request, reservation_id):
         return super().post(request, reservation_id)

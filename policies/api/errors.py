@@ -34,8 +34,7 @@ class APIError(exceptions.APIException):
 
 
 def invalid(field: str, message: str) -> APIError:
-    return APIError(400, "invalid", f"{field}: {message}" if field else message,
-                    {field: message} if field else {})
+    return APIError(400, "invalid", f"{field}: {message}" if field else message, {field: message} if field else {})
 
 
 def conflict(message: str, field: str = "") -> APIError:
@@ -108,14 +107,20 @@ def handle_exception(exc: Exception, context: dict) -> Response | None:
         fields = {exc.path: exc.reason} if exc.path else {}
         return Response(error_body("invalid", str(exc), fields), status=400)
     if isinstance(exc, StoreUnavailable):
-        return Response(error_body("store_unavailable", f"the limiter's store is unreachable: {exc}"),
-                        status=503, headers={"Retry-After": "1"})
+        return Response(
+            error_body("store_unavailable", f"the limiter's store is unreachable: {exc}"),
+            status=503,
+            headers={"Retry-After": "1"},
+        )
     if isinstance(exc, (DatabaseError, PolicyUnavailable)):
         # PolicyUnavailable: a worker that started while the database was down has no
         # policy to decide with yet (a warm one goes on with the last policy it read).
         log.warning("database error in the API: %s", exc)
-        return Response(error_body("database_unavailable", "the policy database is unreachable; try again"),
-                        status=503, headers={"Retry-After": "1"})
+        return Response(
+            error_body("database_unavailable", "the policy database is unreachable; try again"),
+            status=503,
+            headers={"Retry-After": "1"},
+        )
     if isinstance(exc, LimiterError):
         return Response(error_body("invalid", str(exc)), status=400)
     if isinstance(exc, exceptions.APIException):
@@ -133,8 +138,9 @@ def handle_exception(exc: Exception, context: dict) -> Response | None:
 
 def server_error(request, *args, **kwargs) -> JsonResponse:
     """handler500 for the API's paths: even a bug answers in the error shape."""
-    return JsonResponse(error_body("server_error", "internal error; it has been logged"),
-                        status=status.HTTP_500_INTERNAL_SERVER_ERROR)
+    return JsonResponse(
+        error_body("server_error", "internal error; it has been logged"), status=status.HTTP_500_INTERNAL_SERVER_ERROR
+    )
 
 
 def bad_request(request, exception=None) -> JsonResponse:

@@ -46,8 +46,9 @@ def whole_numbers_up_to(high: int) -> str:
 
 # 1 s to 24 h, in whole seconds, minutes, hours or days: the schema states it as this
 # pattern, and `parse_window` reads it with the same one.
-WINDOW_PATTERN = "|".join(f"(?:{whole_numbers_up_to(MAX_WINDOW // _UNITS[unit])}){unit}{'?' if unit == 's' else ''}"
-                          for unit in "smhd")
+WINDOW_PATTERN = "|".join(
+    f"(?:{whole_numbers_up_to(MAX_WINDOW // _UNITS[unit])}){unit}{'?' if unit == 's' else ''}" for unit in "smhd"
+)
 
 
 def json_safe(value: Any) -> Any:
@@ -88,9 +89,17 @@ def bucket_report(level: str, key: str, team: str | None = None) -> dict:
     team_key = key if level == TENANT_LEVEL else team
     route, sources = rule_sources(policy, team_key, cache.clock())
     rows = cache.limiter_for(team_key).inspect(level, key)
-    rules = [{"rule": row["rule"], "name": row["name"], "label": row["label"], "shadow": row["shadow"],
-              "source": source, "state": json_safe(row["state"])}
-             for row, source in zip(rows, sources[level])]
+    rules = [
+        {
+            "rule": row["rule"],
+            "name": row["name"],
+            "label": row["label"],
+            "shadow": row["shadow"],
+            "source": source,
+            "state": json_safe(row["state"]),
+        }
+        for row, source in zip(rows, sources[level])
+    ]
     return {"level": level, "key": key, **route, "rules": rules}
 
 
@@ -109,14 +118,23 @@ def blocked_report(window: int, top: int = 10) -> dict:
 class BucketsView(APIView):
     permission_classes = [IsOperator]
 
-    @extend_schema(parameters=[OpenApiParameter("level", names_of("level"), required=True,
-                                                description="A configured level."),
-                               OpenApiParameter("key", {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH},
-                                                required=True, description="The key at that level."),
-                               OpenApiParameter("team", str, description="For user keys: the team whose tier applies "
-                                                                         "(default: the default tier).")],
-                   responses={200: OpenApiTypes.OBJECT, **schemas.ERRORS}, tags=["observe"],
-                   summary="The live state of every rule for a key")
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("level", names_of("level"), required=True, description="A configured level."),
+            OpenApiParameter(
+                "key",
+                {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH},
+                required=True,
+                description="The key at that level.",
+            ),
+            OpenApiParameter(
+                "team", str, description="For user keys: the team whose tier applies (default: the default tier)."
+            ),
+        ],
+        responses={200: OpenApiTypes.OBJECT, **schemas.ERRORS},
+        tags=["observe"],
+        summary="The live state of every rule for a key",
+    )
     def get(self, request):
         query = request.query_params
         for required in ("level", "key"):
@@ -129,13 +147,23 @@ class BucketsView(APIView):
 class BlockedStatsView(APIView):
     permission_classes = [IsOperator]
 
-    @extend_schema(parameters=[OpenApiParameter("window", {"type": "string", "pattern": f"^(?:{WINDOW_PATTERN})$"},
-                                                description="1s to 24h: 5m, 1h, 24h or seconds (default 1h)."),
-                               OpenApiParameter("top", {"type": "integer", "minimum": 1, "maximum": MAX_TOP},
-                                                description=f"Most throttled keys per level (1-{MAX_TOP}, "
-                                                            f"default 10).")],
-                   responses={200: OpenApiTypes.OBJECT, **schemas.ERRORS, **schemas.UNAVAILABLE}, tags=["observe"],
-                   summary="Denials by blocked_by, and the most throttled keys per level")
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "window",
+                {"type": "string", "pattern": f"^(?:{WINDOW_PATTERN})$"},
+                description="1s to 24h: 5m, 1h, 24h or seconds (default 1h).",
+            ),
+            OpenApiParameter(
+                "top",
+                {"type": "integer", "minimum": 1, "maximum": MAX_TOP},
+                description=f"Most throttled keys per level (1-{MAX_TOP}, default 10).",
+            ),
+        ],
+        responses={200: OpenApiTypes.OBJECT, **schemas.ERRORS, **schemas.UNAVAILABLE},
+        tags=["observe"],
+        summary="Denials by blocked_by, and the most throttled keys per level",
+    )
     def get(self, request):
         window = parse_window(request.query_params.get("window", "1h"))
         top = request.query_params.get("top", "10")

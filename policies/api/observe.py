@@ -8,16 +8,16 @@ worker's denials add up in `/api/v1/stats/blocked` and the dashboard.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
-from typing import Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest, multiprocess
-from prometheus_client import REGISTRY, CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the view)
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, generate_latest, multiprocess  # noqa: F401  (re-exported for the view)
 
 from core import Decision
 
-DECISIONS = Counter("limiter_decisions", "Decisions made, by result, blocking level and reason.",
-                    ["result", "level", "reason"])
+DECISIONS = Counter(
+    "limiter_decisions", "Decisions made, by result, blocking level and reason.", ["result", "level", "reason"]
+)
 STORE_ERRORS = Counter("limiter_store_unavailable", "Decisions a level's fail mode made: the store was down.")
 
 _ALLOWED = DECISIONS.labels("allowed", "", "OK")

@@ -19,7 +19,8 @@ import datetime as dt
 import math
 import re
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -33,14 +34,17 @@ from core import RULES, ConfigError
 from core.rules import build_rule
 from policies.admin import check_with_global_rules
 from policies.models import NAME_VALIDATOR, Level, PriorityClass, Rule, Tenant, Tier
+
 # The policy file's mapping of a rule spec onto a Rule row, so that the two never differ.
 from policies.policyfile import _rule_fields as rule_fields
 
 from .errors import conflict
 from .schema_hooks import keyed_by_level, names_of
 
-VERSION_HELP = ("Optimistic lock: the version you read. Required by PUT and PATCH (409 if the row changed "
-                "since); set by the server, so leave it out when creating.")
+VERSION_HELP = (
+    "Optimistic lock: the version you read. Required by PUT and PATCH (409 if the row changed "
+    "since); set by the server, so leave it out when creating."
+)
 
 
 # Where an error is ----------------------------------------------------------------------
@@ -60,12 +64,17 @@ def full_clean(row, exclude: tuple[str, ...] = (), prefix: str = "") -> None:
         errors = error.error_dict if hasattr(error, "error_dict") else {NON_FIELD_ERRORS: error.error_list}
         for field, items in errors.items():
             if any(item.code == "unique" for item in items) and field != NON_FIELD_ERRORS:
-                raise conflict(f"{row._meta.verbose_name} {getattr(row, field)!r} already exists",
-                               f"{prefix}{field}") from None
-        raise serializers.ValidationError({
-            (prefix.rstrip(".") or "non_field_errors") if field == NON_FIELD_ERRORS else f"{prefix}{field}":
-                [message for item in items for message in item.messages]
-            for field, items in errors.items()}) from None
+                raise conflict(
+                    f"{row._meta.verbose_name} {getattr(row, field)!r} already exists", f"{prefix}{field}"
+                ) from None
+        raise serializers.ValidationError(
+            {
+                (prefix.rstrip(".") or "non_field_errors") if field == NON_FIELD_ERRORS else f"{prefix}{field}": [
+                    message for item in items for message in item.messages
+                ]
+                for field, items in errors.items()
+            }
+        ) from None
 
 
 # Rules ----------------------------------------------------------------------------------
@@ -96,8 +105,10 @@ class RuleMapField(serializers.Field):
 
     def to_internal_value(self, data: Any) -> dict[str, list[Rule]]:
         if not isinstance(data, Mapping):
-            raise serializers.ValidationError("must be an object mapping level names to lists of rules, "
-                                              'e.g. {"user": [{"type": "token_bucket", ...}]}')
+            raise serializers.ValidationError(
+                "must be an object mapping level names to lists of rules, "
+                'e.g. {"user": [{"type": "token_bucket", ...}]}'
+            )
         levels = {level.name: level for level in Level.objects.all()}
         out = {}
         for name, specs in data.items():
@@ -153,8 +164,11 @@ def refuse_repeats(rules: dict[str, list[Rule]], field: str) -> None:
         for i, rule in enumerate(specs):
             built = build_rule(rule.spec(), "")
             if built.rule_id in seen:
-                raise conflict(f"repeats {seen[built.rule_id]} ({built.display()}) of this level: the same type and "
-                               f"parameters are one bucket, whatever the label", f"{field}.{level}.{i}")
+                raise conflict(
+                    f"repeats {seen[built.rule_id]} ({built.display()}) of this level: the same type and "
+                    f"parameters are one bucket, whatever the label",
+                    f"{field}.{level}.{i}",
+                )
             seen[built.rule_id] = f"rule {i}"
 
 
@@ -184,21 +198,34 @@ class RuleMapExtension(OpenApiSerializerFieldExtension):
     def map_serializer_field(self, auto_schema, direction):
         mapping = {}
         for name in sorted(RULES):
-            variant = ResolvedComponent(name=_component_name(name), type=ResolvedComponent.SCHEMA,
-                                        object=f"rule:{name}", schema=rule_type_schema(name))
+            variant = ResolvedComponent(
+                name=_component_name(name),
+                type=ResolvedComponent.SCHEMA,
+                object=f"rule:{name}",
+                schema=rule_type_schema(name),
+            )
             auto_schema.registry.register_on_missing(variant)
             mapping[name] = variant.ref["$ref"]
-        spec = ResolvedComponent(name="RuleSpec", type=ResolvedComponent.SCHEMA, object="RuleSpec", schema={
-            "oneOf": [{"$ref": ref} for ref in mapping.values()],
-            "discriminator": {"propertyName": "type", "mapping": mapping},
-            "description": "A rule, as in the policy file: its type, the type's parameters, and optionally "
-                           "label, shadow and counts."})
+        spec = ResolvedComponent(
+            name="RuleSpec",
+            type=ResolvedComponent.SCHEMA,
+            object="RuleSpec",
+            schema={
+                "oneOf": [{"$ref": ref} for ref in mapping.values()],
+                "discriminator": {"propertyName": "type", "mapping": mapping},
+                "description": "A rule, as in the policy file: its type, the type's parameters, and optionally "
+                "label, shadow and counts.",
+            },
+        )
         auto_schema.registry.register_on_missing(spec)
         # null or [] for a level: no rules there.
         rules = {"type": "array", "items": spec.ref, "nullable": True}
         whole = direction == "request" and auto_schema.method in ("POST", "PUT")
-        return keyed_by_level(rules, not_empty=whole and not self.target.allow_empty,
-                              example={"user": [{"type": "token_bucket", "capacity": 10, "per_second": 1}]})
+        return keyed_by_level(
+            rules,
+            not_empty=whole and not self.target.allow_empty,
+            example={"user": [{"type": "token_bucket", "capacity": 10, "per_second": 1}]},
+        )
 
 
 def _component_name(rule_type: str) -> str:
@@ -207,19 +234,30 @@ def _component_name(rule_type: str) -> str:
 
 def rule_type_schema(name: str) -> dict:
     params = RULES[name].params
-    return {"type": "object", "description": (RULES[name].__doc__ or "").strip().split("\n")[0],
-            "properties": {"type": {"type": "string", "enum": [name]},
-                           **{param.name: _openapi_30(param.schema()) for param in params},
-                           "label": {"type": "string", "nullable": True, "pattern": NOT_BLANK,
-                                     "maxLength": Rule._meta.get_field("label").max_length,
-                                     "description": "The reason code a denial reports, e.g. RPM_LIMIT; "
-                                                    "null for none."},
-                           "shadow": {"type": "boolean", "default": False,
-                                      "description": "Evaluated and counted, never denies."},
-                           "counts": {"type": "string", "enum": ["cost", "requests"], "default": "cost",
-                                      "description": "Take the request's cost, or 1 per request."}},
-            "required": ["type", *(param.name for param in params if param.required)],
-            "additionalProperties": False}
+    return {
+        "type": "object",
+        "description": (RULES[name].__doc__ or "").strip().split("\n")[0],
+        "properties": {
+            "type": {"type": "string", "enum": [name]},
+            **{param.name: _openapi_30(param.schema()) for param in params},
+            "label": {
+                "type": "string",
+                "nullable": True,
+                "pattern": NOT_BLANK,
+                "maxLength": Rule._meta.get_field("label").max_length,
+                "description": "The reason code a denial reports, e.g. RPM_LIMIT; null for none.",
+            },
+            "shadow": {"type": "boolean", "default": False, "description": "Evaluated and counted, never denies."},
+            "counts": {
+                "type": "string",
+                "enum": ["cost", "requests"],
+                "default": "cost",
+                "description": "Take the request's cost, or 1 per request.",
+            },
+        },
+        "required": ["type", *(param.name for param in params if param.required)],
+        "additionalProperties": False,
+    }
 
 
 # Some character that Python's str.strip() keeps: the engine refuses a blank label. Spelled
@@ -288,8 +326,11 @@ class StrictSerializer(serializers.Serializer):
                 for name, field in self.fields.items():
                     if not field.read_only and name not in data:
                         raise serializers.ValidationError(
-                            {name: "this field is required: PUT replaces the whole resource (PATCH changes "
-                                   "only the fields it sends)"})
+                            {
+                                name: "this field is required: PUT replaces the whole resource (PATCH changes "
+                                "only the fields it sends)"
+                            }
+                        )
         return super().to_internal_value(data)
 
     def _check_version(self, data: Mapping) -> None:
@@ -297,8 +338,9 @@ class StrictSerializer(serializers.Serializer):
             return
         if self.instance is None:
             if "version" in data:
-                raise serializers.ValidationError({"version": "read-only: the server sets it; leave it out "
-                                                              "when creating"})
+                raise serializers.ValidationError(
+                    {"version": "read-only: the server sets it; leave it out when creating"}
+                )
             return
         if "version" not in data:
             raise serializers.ValidationError({"version": "this field is required: send the version you read"})
@@ -306,9 +348,12 @@ class StrictSerializer(serializers.Serializer):
         if isinstance(sent, bool) or not isinstance(sent, int):
             raise serializers.ValidationError({"version": "must be a whole number: the version you read"})
         if sent != self.instance.version:
-            raise conflict(f"{self.instance._meta.verbose_name} {self.instance} changed since you read it: it is at "
-                           f"version {self.instance.version}, you sent {sent}. Read it again and reapply your "
-                           f"change.", "version")
+            raise conflict(
+                f"{self.instance._meta.verbose_name} {self.instance} changed since you read it: it is at "
+                f"version {self.instance.version}, you sent {sent}. Read it again and reapply your "
+                f"change.",
+                "version",
+            )
 
 
 # A name as the models take it, matched whole (the models' `^...$` lets a final newline by).
@@ -380,9 +425,11 @@ class TierSerializer(StrictSerializer):
     """A plan: its rules by level."""
 
     name = name_field(Tier, help_text="e.g. free, pro")
-    rules = RuleMapField(allow_empty=False,
-                         help_text="Rule specs by level name, as in the policy file. At least one rule. "
-                                   "PATCH replaces the levels it names (null or [] removes a level's rules).")
+    rules = RuleMapField(
+        allow_empty=False,
+        help_text="Rule specs by level name, as in the policy file. At least one rule. "
+        "PATCH replaces the levels it names (null or [] removes a level's rules).",
+    )
     version = version_field()
 
     def validate(self, attrs):
@@ -417,16 +464,26 @@ class TierName(serializers.SlugRelatedField):
 class TenantSerializer(StrictSerializer):
     """A team key with its tier and optional per-level overrides."""
 
-    key = StrictCharField(max_length=Tenant._meta.get_field("key").max_length, validators=[NO_NUL],
-                          help_text="The team key requests carry.")
-    tier = TierName(slug_field="name", queryset=Tier.objects.all(),
-                    error_messages={"does_not_exist": "unknown tier {value!r}"})
-    overrides = RuleMapField(source="rules", required=False,
-                             help_text="Rule specs by level name; each replaces the tier's rules at its level "
-                                       "until overrides_until. PATCH replaces the levels it names.")
-    overrides_until = serializers.DateTimeField(required=False, allow_null=True, default_timezone=dt.timezone.utc,
-                                                help_text="Overrides stop applying then; null: never. A time "
-                                                          "without a zone is UTC.")
+    key = StrictCharField(
+        max_length=Tenant._meta.get_field("key").max_length,
+        validators=[NO_NUL],
+        help_text="The team key requests carry.",
+    )
+    tier = TierName(
+        slug_field="name", queryset=Tier.objects.all(), error_messages={"does_not_exist": "unknown tier {value!r}"}
+    )
+    overrides = RuleMapField(
+        source="rules",
+        required=False,
+        help_text="Rule specs by level name; each replaces the tier's rules at its level "
+        "until overrides_until. PATCH replaces the levels it names.",
+    )
+    overrides_until = serializers.DateTimeField(
+        required=False,
+        allow_null=True,
+        default_timezone=dt.UTC,
+        help_text="Overrides stop applying then; null: never. A time without a zone is UTC.",
+    )
     version = version_field()
 
     def validate(self, attrs):
@@ -460,10 +517,17 @@ class LevelSerializer(StrictSerializer):
     """A named scope, in evaluation order, with what it does while the store is down."""
 
     name = name_field(Level)
-    position = StrictIntegerField(min_value=0, max_value=largest(Level, "position"), required=False,
-                                  help_text="Evaluation order, lower first. Default: after the last level.")
-    fail_mode = serializers.ChoiceField(choices=Level._meta.get_field("fail_mode").choices, required=False,
-                                        help_text=Level._meta.get_field("fail_mode").help_text)
+    position = StrictIntegerField(
+        min_value=0,
+        max_value=largest(Level, "position"),
+        required=False,
+        help_text="Evaluation order, lower first. Default: after the last level.",
+    )
+    fail_mode = serializers.ChoiceField(
+        choices=Level._meta.get_field("fail_mode").choices,
+        required=False,
+        help_text=Level._meta.get_field("fail_mode").help_text,
+    )
     fallback_fraction = FallbackFraction(required=False, help_text=Level._meta.get_field("fallback_fraction").help_text)
     version = version_field()
 
@@ -504,8 +568,9 @@ class LevelNamesField(serializers.ListField):
         levels = {level.name: level for level in Level.objects.all()}
         for i, name in enumerate(names):
             if name not in levels:
-                raise serializers.ValidationError({str(i): f"unknown level {name!r} (known: "
-                                                           f"{', '.join(levels) or 'none'})"})
+                raise serializers.ValidationError(
+                    {str(i): f"unknown level {name!r} (known: {', '.join(levels) or 'none'})"}
+                )
         return [levels[name] for name in dict.fromkeys(names)]
 
 
@@ -550,9 +615,13 @@ class NullableTierName(serializers.SlugRelatedField):
 class SettingsSerializer(StrictSerializer):
     """The store-wide settings."""
 
-    default_tier = NullableTierName(slug_field="name", queryset=Tier.objects.all(), allow_null=True,
-                                                error_messages={"does_not_exist": "unknown tier {value!r}"},
-                                                help_text="The tier of team keys that name no tenant; null: none.")
+    default_tier = NullableTierName(
+        slug_field="name",
+        queryset=Tier.objects.all(),
+        allow_null=True,
+        error_messages={"does_not_exist": "unknown tier {value!r}"},
+        help_text="The tier of team keys that name no tenant; null: none.",
+    )
 
     def validate(self, attrs):
         settings = self.instance

@@ -59,8 +59,9 @@ def _number(value: Any, field: str, allow_zero: bool = False) -> float:
 
 
 def _kind(value: Any) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
-            type(None): "null"}.get(type(value), type(value).__name__)
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), type(value).__name__
+    )
 
 
 def _object(data: Any, path: str) -> dict:

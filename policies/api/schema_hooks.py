@@ -17,7 +17,8 @@ a name is any non-empty string.
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from policies.models import Level, PriorityClass, Tier
 
@@ -76,8 +77,10 @@ def configured_names(request) -> dict[str, list[str]]:
     small queries: the schema is generated per request anyway."""
     if request is None or not CanDecide().has_permission(request, None):
         return {}
-    names = {"level": list(Level.objects.values_list("name", flat=True)),  # in evaluation order
-             "priority": list(PriorityClass.objects.values_list("name", flat=True))}
+    names = {
+        "level": list(Level.objects.values_list("name", flat=True)),  # in evaluation order
+        "priority": list(PriorityClass.objects.values_list("name", flat=True)),
+    }
     if IsOperator().has_permission(request, None):
         names["tier"] = list(Tier.objects.values_list("name", flat=True))
     return names

@@ -18,8 +18,9 @@ from .schema_hooks import keyed_by_level, names_of
 class ErrorDetail(serializers.Serializer):
     code = serializers.CharField(help_text="What went wrong, e.g. invalid, not_found, conflict.")
     message = serializers.CharField()
-    fields = serializers.DictField(child=serializers.CharField(),
-                                   help_text="Dotted field paths, e.g. requests.3.cost, with what is wrong there.")
+    fields = serializers.DictField(
+        child=serializers.CharField(), help_text="Dotted field paths, e.g. requests.3.cost, with what is wrong there."
+    )
 
 
 class Error(serializers.Serializer):
@@ -57,8 +58,10 @@ class Cost(serializers.FloatField):
 
 
 class DecisionRequest(serializers.Serializer):
-    keys = Keys(help_text='The key at each level, e.g. {"user": "u1", "team": "acme", "global": "*"}. '
-                          "Only configured levels; at least one.")
+    keys = Keys(
+        help_text='The key at each level, e.g. {"user": "u1", "team": "acme", "global": "*"}. '
+        "Only configured levels; at least one."
+    )
     cost = Cost(default=1, help_text="What the request spends, e.g. LLM tokens; greater than 0.")
     priority = PriorityName(required=False, allow_null=True, help_text="A configured priority class; null for none.")
     dry_run = serializers.BooleanField(default=False, help_text="Explain, consuming nothing.")
@@ -75,14 +78,20 @@ class BatchItem(DecisionRequest):
 
 class DecisionFields(serializers.Serializer):
     allowed = serializers.BooleanField()
-    retry_after = serializers.FloatField(allow_null=True,
-                                         help_text="Seconds to wait; 0 when allowed; null when it can never fit.")
-    blocked_by = serializers.CharField(allow_null=True, help_text='"level: rule", e.g. "team: token_bucket(100, 10/s)".')
-    reason = serializers.CharField(help_text="OK, the rule's label, RATE_LIMITED, COST_EXCEEDS_LIMIT or STORE_UNAVAILABLE.")
+    retry_after = serializers.FloatField(
+        allow_null=True, help_text="Seconds to wait; 0 when allowed; null when it can never fit."
+    )
+    blocked_by = serializers.CharField(
+        allow_null=True, help_text='"level: rule", e.g. "team: token_bucket(100, 10/s)".'
+    )
+    reason = serializers.CharField(
+        help_text="OK, the rule's label, RATE_LIMITED, COST_EXCEEDS_LIMIT or STORE_UNAVAILABLE."
+    )
     remaining = serializers.FloatField(allow_null=True, help_text="The tightest rule's room after this decision.")
     degraded = serializers.BooleanField(help_text="Decided by a fail mode: the store was unreachable.")
-    shadow_blocked = serializers.ListField(child=serializers.CharField(),
-                                           help_text="Shadow rules that would have denied.")
+    shadow_blocked = serializers.ListField(
+        child=serializers.CharField(), help_text="Shadow rules that would have denied."
+    )
 
 
 class RuleFinding(serializers.Serializer):
@@ -102,8 +111,9 @@ class Decision(DecisionFields):
 
 
 class BatchRequest(serializers.Serializer):
-    requests = serializers.ListField(child=BatchItem(), min_length=1, max_length=MAX_BATCH,
-                                     help_text="1 to 1,000 requests, decided in order.")
+    requests = serializers.ListField(
+        child=BatchItem(), min_length=1, max_length=MAX_BATCH, help_text="1 to 1,000 requests, decided in order."
+    )
 
 
 class BatchAnswer(serializers.Serializer):
@@ -119,9 +129,12 @@ class ReservationRequest(serializers.Serializer):
     keys = Keys()
     cost = Cost(default=1, help_text="The estimated cost; greater than 0.")
     priority = PriorityName(required=False, allow_null=True, help_text="A configured priority class; null for none.")
-    hold = Hold(required=False, allow_null=True,
-                help_text="Seconds until an unsettled reservation expires, greater than 0 (default 60; "
-                          "at most the shortest concurrency lease).")
+    hold = Hold(
+        required=False,
+        allow_null=True,
+        help_text="Seconds until an unsettled reservation expires, greater than 0 (default 60; "
+        "at most the shortest concurrency lease).",
+    )
 
 
 class Reservation(DecisionFields):

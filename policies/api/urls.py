@@ -1,4 +1,5 @@
 """/api/v1/...: the gateways' endpoints and the operators' read-outs and policy CRUD."""
+
 from django.urls import path
 
 from . import crud, decisions, inspection

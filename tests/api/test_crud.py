@@ -14,8 +14,10 @@ from policies.signals import current_version
 from .conftest import make_token, token_client
 
 PRO_RULES = {
-    "user": [{"type": "sliding_window", "limit": 600, "window": 60, "label": "RPM_LIMIT"},
-             {"type": "token_bucket", "capacity": 50, "per_second": 10, "label": "BURST_LIMIT"}],
+    "user": [
+        {"type": "sliding_window", "limit": 600, "window": 60, "label": "RPM_LIMIT"},
+        {"type": "token_bucket", "capacity": 50, "per_second": 10, "label": "BURST_LIMIT"},
+    ],
     "team": [{"type": "token_bucket", "capacity": 1000, "per_second": 100}],
 }
 
@@ -48,13 +50,15 @@ def error_of(response, status):
 
 def snapshot():
     """Every policy row, to show a refused write changed nothing."""
-    return {"tiers": list(Tier.objects.values_list("name", "version")),
-            "tenants": list(Tenant.objects.values_list("key", "tier__name", "overrides_until", "version")),
-            "rules": sorted(Rule.objects.values_list("id", "tier_id", "tenant_id", "level_id", "type", "position")),
-            "params": sorted((r.id, sorted(r.params.items())) for r in Rule.objects.all()),
-            "levels": list(Level.objects.values_list("name", "position", "fail_mode", "fallback_fraction", "version")),
-            "priorities": list(PriorityClass.objects.values_list("name", "watermark", "levels__name", "version")),
-            "version": current_version()}
+    return {
+        "tiers": list(Tier.objects.values_list("name", "version")),
+        "tenants": list(Tenant.objects.values_list("key", "tier__name", "overrides_until", "version")),
+        "rules": sorted(Rule.objects.values_list("id", "tier_id", "tenant_id", "level_id", "type", "position")),
+        "params": sorted((r.id, sorted(r.params.items())) for r in Rule.objects.all()),
+        "levels": list(Level.objects.values_list("name", "position", "fail_mode", "fallback_fraction", "version")),
+        "priorities": list(PriorityClass.objects.values_list("name", "watermark", "levels__name", "version")),
+        "version": current_version(),
+    }
 
 
 def pro(client):
@@ -83,8 +87,10 @@ def test_an_unknown_tier_is_a_404_in_the_error_shape(client):
 
 
 def test_a_tier_is_created_with_its_rules(client, committed):
-    rules = {"user": [{"type": "gcra", "rate": 5, "burst": 10, "shadow": True}],
-             "team": [{"type": "fixed_window", "limit": 100, "window": 60, "counts": "requests"}]}
+    rules = {
+        "user": [{"type": "gcra", "rate": 5, "burst": 10, "shadow": True}],
+        "team": [{"type": "fixed_window", "limit": 100, "window": 60, "counts": "requests"}],
+    }
     before = current_version()
     with committed():
         response = client.post("/api/v1/tiers", {"name": "gold", "rules": rules}, format="json")
@@ -111,7 +117,8 @@ def test_put_replaces_a_tiers_rules_and_moves_its_version(client, committed):
     assert response.status_code == 200, response.content
     assert response.json() == {"name": "pro", "rules": rules, "version": 2}
     assert list(Rule.objects.filter(tier__name="pro").values_list("type", "params")) == [
-        ("token_bucket", {"capacity": 70, "per_second": 7})]
+        ("token_bucket", {"capacity": 70, "per_second": 7})
+    ]
     assert current_version() == before + 1
 
 
@@ -143,8 +150,9 @@ def test_a_write_that_changes_no_rule_leaves_the_rules_rows_alone(client):
 
 def test_a_stale_version_is_a_409_and_changes_nothing(client):
     read = pro(client)
-    assert client.patch("/api/v1/tiers/pro", {"rules": {"team": None}, "version": 1},
-                        format="json").status_code == 200  # someone else's change
+    assert (
+        client.patch("/api/v1/tiers/pro", {"rules": {"team": None}, "version": 1}, format="json").status_code == 200
+    )  # someone else's change
     before = snapshot()
     error = error_of(client.put("/api/v1/tiers/pro", {**read, "name": "pro2"}, format="json"), 409)
     assert error["code"] == "conflict"
@@ -164,17 +172,18 @@ def test_a_write_that_loses_the_race_after_the_check_is_a_409_not_a_500(client, 
 
     monkeypatch.setattr(policy_serializers.TierSerializer, "validate", someone_saves_right_after_the_check)
     rules = {"user": [{"type": "token_bucket", "capacity": 1, "per_second": 1}]}
-    error = error_of(client.put("/api/v1/tiers/pro", {"name": "pro", "rules": rules, "version": 1},
-                                format="json"), 409)
+    error = error_of(client.put("/api/v1/tiers/pro", {"name": "pro", "rules": rules, "version": 1}, format="json"), 409)
     assert "changed since" in error["message"]
     assert Tier.objects.get(name="pro").rules.count() == 3
 
 
 # Every versioned kind: a row of it, and a new one for its collection.
-VERSIONED = {"tier": ("/api/v1/tiers/pro", {"name": "gold", "rules": PRO_RULES}),
-             "tenant": ("/api/v1/tenants/acme", {"key": "initech", "tier": "free"}),
-             "level": ("/api/v1/levels/user", {"name": "org"}),
-             "priority class": ("/api/v1/priorities/batch", {"name": "bulk"})}
+VERSIONED = {
+    "tier": ("/api/v1/tiers/pro", {"name": "gold", "rules": PRO_RULES}),
+    "tenant": ("/api/v1/tenants/acme", {"key": "initech", "tier": "free"}),
+    "level": ("/api/v1/levels/user", {"name": "org"}),
+    "priority class": ("/api/v1/priorities/batch", {"name": "bulk"}),
+}
 
 
 @pytest.mark.parametrize("method", ["put", "patch"])
@@ -211,20 +220,43 @@ def test_put_must_send_every_field_so_nothing_is_reset_by_omission(client):
 
 
 BAD_RULES = [
-    ({"user": [{"type": "token_bucket", "capacity": "lots", "per_second": 1}]}, "rules.user.0.capacity",
-     "must be a number"),
-    ({"user": [{"type": "token_bucket", "capacity": 5, "per_second": 1},
-               {"type": "token_bucket", "capacity": -1, "per_second": 1}]}, "rules.user.1.capacity", "greater than 0"),
+    (
+        {"user": [{"type": "token_bucket", "capacity": "lots", "per_second": 1}]},
+        "rules.user.0.capacity",
+        "must be a number",
+    ),
+    (
+        {
+            "user": [
+                {"type": "token_bucket", "capacity": 5, "per_second": 1},
+                {"type": "token_bucket", "capacity": -1, "per_second": 1},
+            ]
+        },
+        "rules.user.1.capacity",
+        "greater than 0",
+    ),
     ({"user": [{"type": "token_bucket", "capacity": 5}]}, "rules.user.0.per_second", "required"),
     ({"user": [{"type": "leaky", "capacity": 5}]}, "rules.user.0.type", "unknown rule type"),
-    ({"user": [{"type": "token_bucket", "capacity": 5, "per_second": 1, "burst": 3}]}, "rules.user.0",
-     "unknown parameter 'burst'"),
-    ({"user": [{"type": "token_bucket", "capacity": 5, "per_second": 1, "label": "L" * 65}]},
-     "rules.user.0.label", "at most 64"),
-    ({"user": [{"type": "token_bucket", "capacity": 5, "per_second": 1, "shadow": "yes"}]},
-     "rules.user.0.shadow", "true or false"),
-    ({"user": [{"type": "token_bucket", "capacity": 5, "per_second": 1, "counts": "bytes"}]},
-     "rules.user.0.counts", "cost"),
+    (
+        {"user": [{"type": "token_bucket", "capacity": 5, "per_second": 1, "burst": 3}]},
+        "rules.user.0",
+        "unknown parameter 'burst'",
+    ),
+    (
+        {"user": [{"type": "token_bucket", "capacity": 5, "per_second": 1, "label": "L" * 65}]},
+        "rules.user.0.label",
+        "at most 64",
+    ),
+    (
+        {"user": [{"type": "token_bucket", "capacity": 5, "per_second": 1, "shadow": "yes"}]},
+        "rules.user.0.shadow",
+        "true or false",
+    ),
+    (
+        {"user": [{"type": "token_bucket", "capacity": 5, "per_second": 1, "counts": "bytes"}]},
+        "rules.user.0.counts",
+        "cost",
+    ),
     ({"user": ["token_bucket"]}, "rules.user.0", "mapping"),
     ({"user": {"type": "token_bucket"}}, "rules.user", "list of rules"),
     ({"planet": [{"type": "token_bucket", "capacity": 5, "per_second": 1}]}, "rules.planet", "unknown level"),
@@ -237,8 +269,7 @@ BAD_RULES = [
 @pytest.mark.parametrize("rules, path, message", BAD_RULES)
 def test_a_bad_rule_is_a_400_naming_its_path_and_changes_nothing(client, rules, path, message):
     before = snapshot()
-    error = error_of(client.put("/api/v1/tiers/pro", {"name": "pro", "rules": rules, "version": 1},
-                                format="json"), 400)
+    error = error_of(client.put("/api/v1/tiers/pro", {"name": "pro", "rules": rules, "version": 1}, format="json"), 400)
     assert error["code"] == "invalid"
     assert list(error["fields"]) == [path], error
     assert message in error["fields"][path]
@@ -248,22 +279,35 @@ def test_a_bad_rule_is_a_400_naming_its_path_and_changes_nothing(client, rules, 
 
 # The same type and parameters are one bucket: a repeat is taken, as a name can be (a 409).
 REPEATED_RULES = [
-    ({"user": [{"type": "token_bucket", "capacity": 5, "per_second": 1},
-               {"type": "token_bucket", "capacity": 5, "per_second": 1, "label": "AGAIN"}]},
-     "rules.user.1", "repeats rule 0"),
-    ({"user": [{"type": "concurrency", "limit": 1}, {"type": "concurrency", "limit": 1, "lease": 60}]},
-     "rules.user.1", "repeats rule 0"),
-    ({"global": [{"type": "token_bucket", "capacity": 100000, "per_second": 10000}]}, "rules.global.0",
-     "repeats global rule 0"),
+    (
+        {
+            "user": [
+                {"type": "token_bucket", "capacity": 5, "per_second": 1},
+                {"type": "token_bucket", "capacity": 5, "per_second": 1, "label": "AGAIN"},
+            ]
+        },
+        "rules.user.1",
+        "repeats rule 0",
+    ),
+    (
+        {"user": [{"type": "concurrency", "limit": 1}, {"type": "concurrency", "limit": 1, "lease": 60}]},
+        "rules.user.1",
+        "repeats rule 0",
+    ),
+    (
+        {"global": [{"type": "token_bucket", "capacity": 100000, "per_second": 10000}]},
+        "rules.global.0",
+        "repeats global rule 0",
+    ),
 ]
 
 
 @pytest.mark.parametrize("rules, path, message", REPEATED_RULES)
-def test_a_rule_that_repeats_another_at_its_level_is_a_409_naming_its_path_and_changes_nothing(client, rules, path,
-                                                                                               message):
+def test_a_rule_that_repeats_another_at_its_level_is_a_409_naming_its_path_and_changes_nothing(
+    client, rules, path, message
+):
     before = snapshot()
-    error = error_of(client.put("/api/v1/tiers/pro", {"name": "pro", "rules": rules, "version": 1},
-                                format="json"), 409)
+    error = error_of(client.put("/api/v1/tiers/pro", {"name": "pro", "rules": rules, "version": 1}, format="json"), 409)
     assert error["code"] == "conflict"
     assert list(error["fields"]) == [path], error
     assert message in error["fields"][path]
@@ -272,8 +316,10 @@ def test_a_rule_that_repeats_another_at_its_level_is_a_409_naming_its_path_and_c
 
 def test_a_bad_rule_creates_no_tier_and_no_rule(client):
     before = snapshot()
-    rules = {"user": [{"type": "token_bucket", "capacity": 5, "per_second": 1}],
-             "team": [{"type": "token_bucket", "capacity": 5, "per_second": -2}]}
+    rules = {
+        "user": [{"type": "token_bucket", "capacity": 5, "per_second": 1}],
+        "team": [{"type": "token_bucket", "capacity": 5, "per_second": -2}],
+    }
     error = error_of(client.post("/api/v1/tiers", {"name": "gold", "rules": rules}, format="json"), 400)
     assert list(error["fields"]) == ["rules.team.0.per_second"]
     assert snapshot() == before
@@ -291,10 +337,13 @@ def test_a_database_failure_in_the_middle_of_a_write_leaves_nothing_half_saved(c
         return real_save(rule, *args, **kwargs)
 
     monkeypatch.setattr(Rule, "save", second_save_fails)
-    rules = {"user": [{"type": "token_bucket", "capacity": 1, "per_second": 1}],
-             "team": [{"type": "token_bucket", "capacity": 2, "per_second": 1}]}
-    error = error_of(client.put("/api/v1/tiers/pro", {"name": "renamed", "rules": rules, "version": 1},
-                                format="json"), 503)
+    rules = {
+        "user": [{"type": "token_bucket", "capacity": 1, "per_second": 1}],
+        "team": [{"type": "token_bucket", "capacity": 2, "per_second": 1}],
+    }
+    error = error_of(
+        client.put("/api/v1/tiers/pro", {"name": "renamed", "rules": rules, "version": 1}, format="json"), 503
+    )
     assert error["code"] == "database_unavailable"
     assert len(saved) == 2  # the tier and its first new rule were written, then rolled back
     assert snapshot() == before
@@ -342,9 +391,12 @@ def test_tenants_are_listed_by_key_and_filtered_by_tier(client):
 
 def test_a_tenant_reads_with_its_overrides_and_their_expiry(client):
     assert client.get("/api/v1/tenants/bigco").json() == {
-        "key": "bigco", "tier": "pro",
+        "key": "bigco",
+        "tier": "pro",
         "overrides": {"team": [{"type": "token_bucket", "capacity": 600, "per_second": 10}]},
-        "overrides_until": "2026-12-31T00:00:00Z", "version": 1}
+        "overrides_until": "2026-12-31T00:00:00Z",
+        "version": 1,
+    }
     assert client.get("/api/v1/tenants/acme").json()["overrides"] == {}
 
 
@@ -352,11 +404,19 @@ def test_a_tenant_is_created_with_overrides(client, committed):
     overrides = {"user": [{"type": "token_bucket", "capacity": 3, "per_second": 1}]}
     before = current_version()
     with committed():
-        response = client.post("/api/v1/tenants", {"key": "initech", "tier": "free", "overrides": overrides,
-                                                   "overrides_until": "2027-01-01T12:00:00"}, format="json")
+        response = client.post(
+            "/api/v1/tenants",
+            {"key": "initech", "tier": "free", "overrides": overrides, "overrides_until": "2027-01-01T12:00:00"},
+            format="json",
+        )
     assert response.status_code == 201, response.content
-    assert response.json() == {"key": "initech", "tier": "free", "overrides": overrides,
-                               "overrides_until": "2027-01-01T12:00:00Z", "version": 1}
+    assert response.json() == {
+        "key": "initech",
+        "tier": "free",
+        "overrides": overrides,
+        "overrides_until": "2027-01-01T12:00:00Z",
+        "version": 1,
+    }
     assert response["Location"] == "/api/v1/tenants/initech"
     assert Tenant.objects.get(key="initech").rules.count() == 1
     assert current_version() == before + 1
@@ -375,9 +435,16 @@ def test_a_tenant_of_an_unknown_tier_is_refused(client):
 
 def test_a_bad_override_is_named_by_its_path_and_saves_nothing(client):
     before = snapshot()
-    body = {"key": "bigco", "tier": "free", "overrides_until": None, "version": 1,
-            "overrides": {"user": [{"type": "token_bucket", "capacity": 3, "per_second": 1}],
-                          "team": [{"type": "token_bucket", "capacity": 600, "per_second": "fast"}]}}
+    body = {
+        "key": "bigco",
+        "tier": "free",
+        "overrides_until": None,
+        "version": 1,
+        "overrides": {
+            "user": [{"type": "token_bucket", "capacity": 3, "per_second": 1}],
+            "team": [{"type": "token_bucket", "capacity": 600, "per_second": "fast"}],
+        },
+    }
     error = error_of(client.put("/api/v1/tenants/bigco", body, format="json"), 400)
     assert list(error["fields"]) == ["overrides.team.0.per_second"]
     assert snapshot() == before
@@ -388,8 +455,9 @@ def test_patching_a_tenants_tier_keeps_its_overrides(client):
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["tier"] == "free" and body["version"] == 2 and list(body["overrides"]) == ["team"]
-    response = client.patch("/api/v1/tenants/bigco", {"overrides": {"team": []}, "overrides_until": None,
-                                                      "version": 2}, format="json")
+    response = client.patch(
+        "/api/v1/tenants/bigco", {"overrides": {"team": []}, "overrides_until": None, "version": 2}, format="json"
+    )
     assert response.json()["overrides"] == {} and response.json()["overrides_until"] is None
     assert not Rule.objects.filter(tenant__key="bigco").exists()
 
@@ -421,7 +489,8 @@ def test_levels_are_listed_in_evaluation_order(client):
     assert body["results"] == [
         {"name": "user", "position": 0, "fail_mode": "open", "fallback_fraction": 0.25, "version": 1},
         {"name": "team", "position": 1, "fail_mode": "open", "fallback_fraction": 0.25, "version": 1},
-        {"name": "global", "position": 2, "fail_mode": "local", "fallback_fraction": 0.25, "version": 1}]
+        {"name": "global", "position": 2, "fail_mode": "local", "fallback_fraction": 0.25, "version": 1},
+    ]
 
 
 def test_a_new_level_goes_last_unless_given_a_position(client, committed):
@@ -429,20 +498,28 @@ def test_a_new_level_goes_last_unless_given_a_position(client, committed):
     with committed():
         response = client.post("/api/v1/levels", {"name": "org", "fail_mode": "closed"}, format="json")
     assert response.status_code == 201, response.content
-    assert response.json() == {"name": "org", "position": 3, "fail_mode": "closed", "fallback_fraction": 0.25,
-                               "version": 1}
+    assert response.json() == {
+        "name": "org",
+        "position": 3,
+        "fail_mode": "closed",
+        "fallback_fraction": 0.25,
+        "version": 1,
+    }
     assert current_version() == before + 1
     assert response["Location"] == "/api/v1/levels/org"
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"name": "org", "fail_mode": "sideways"}, "fail_mode"),
-    ({"name": "org", "fail_mode": "local", "fallback_fraction": 0}, "fallback_fraction"),
-    ({"name": "org", "fallback_fraction": 1.5}, "fallback_fraction"),
-    ({"name": "no spaces"}, "name"),
-    ({"name": "org", "position": -1}, "position"),
-    ({"fail_mode": "open"}, "name"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"name": "org", "fail_mode": "sideways"}, "fail_mode"),
+        ({"name": "org", "fail_mode": "local", "fallback_fraction": 0}, "fallback_fraction"),
+        ({"name": "org", "fallback_fraction": 1.5}, "fallback_fraction"),
+        ({"name": "no spaces"}, "name"),
+        ({"name": "org", "position": -1}, "position"),
+        ({"fail_mode": "open"}, "name"),
+    ],
+)
 def test_a_bad_level_is_refused_naming_the_field(client, body, field):
     error = error_of(client.post("/api/v1/levels", body, format="json"), 400)
     assert list(error["fields"]) == [field]
@@ -466,8 +543,10 @@ def test_a_level_put_must_send_every_field(client):
 
 def test_a_level_with_a_stale_version_is_a_409_and_changes_nothing(client):
     read = client.get("/api/v1/levels/global").json()
-    assert client.patch("/api/v1/levels/global", {"fallback_fraction": 0.5, "version": 1},
-                        format="json").status_code == 200  # someone else's change
+    assert (
+        client.patch("/api/v1/levels/global", {"fallback_fraction": 0.5, "version": 1}, format="json").status_code
+        == 200
+    )  # someone else's change
     before = snapshot()
     error = error_of(client.put("/api/v1/levels/global", {**read, "fail_mode": "closed"}, format="json"), 409)
     assert error["code"] == "conflict"
@@ -486,8 +565,7 @@ def test_a_level_write_that_loses_the_race_after_the_check_is_a_409_not_a_500(cl
         return checked
 
     monkeypatch.setattr(policy_serializers.LevelSerializer, "validate", someone_saves_right_after_the_check)
-    error = error_of(client.patch("/api/v1/levels/global", {"fail_mode": "closed", "version": 1},
-                                  format="json"), 409)
+    error = error_of(client.patch("/api/v1/levels/global", {"fail_mode": "closed", "version": 1}, format="json"), 409)
     assert "changed since" in error["message"]
     assert Level.objects.get(name="global").fail_mode == "local"
 
@@ -523,33 +601,39 @@ def test_a_level_name_that_exists_already_is_a_409(client):
 def test_priority_classes_are_listed_by_name(client):
     assert client.get("/api/v1/priorities").json()["results"] == [
         {"name": "batch", "watermark": 0.2, "levels": ["global"], "version": 1},
-        {"name": "interactive", "watermark": 0.0, "levels": [], "version": 1}]
+        {"name": "interactive", "watermark": 0.0, "levels": [], "version": 1},
+    ]
 
 
 def test_a_priority_class_is_created_changed_and_deleted(client, committed):
     before = current_version()
     with committed():
-        response = client.post("/api/v1/priorities", {"name": "bulk", "watermark": 0.5,
-                                                      "levels": ["team", "user"]}, format="json")
+        response = client.post(
+            "/api/v1/priorities", {"name": "bulk", "watermark": 0.5, "levels": ["team", "user"]}, format="json"
+        )
     assert response.status_code == 201, response.content
     assert response.json() == {"name": "bulk", "watermark": 0.5, "levels": ["user", "team"], "version": 1}
     assert current_version() == before + 1
 
     response = client.patch("/api/v1/priorities/bulk", {"levels": [], "version": 1}, format="json")
     assert response.json() == {"name": "bulk", "watermark": 0.5, "levels": [], "version": 2}
-    response = client.put("/api/v1/priorities/bulk", {"name": "bulk", "watermark": 0.1, "levels": ["global"],
-                                                      "version": 2}, format="json")
+    response = client.put(
+        "/api/v1/priorities/bulk", {"name": "bulk", "watermark": 0.1, "levels": ["global"], "version": 2}, format="json"
+    )
     assert response.json()["watermark"] == 0.1 and response.json()["version"] == 3
     assert client.delete("/api/v1/priorities/bulk").status_code == 204
     assert not PriorityClass.objects.filter(name="bulk").exists()
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"name": "bulk", "watermark": 1}, "watermark"),
-    ({"name": "bulk", "watermark": -0.1}, "watermark"),
-    ({"name": "bulk", "levels": ["user", "planet"]}, "levels.1"),
-    ({"name": "bulk", "levels": "user"}, "levels"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"name": "bulk", "watermark": 1}, "watermark"),
+        ({"name": "bulk", "watermark": -0.1}, "watermark"),
+        ({"name": "bulk", "levels": ["user", "planet"]}, "levels.1"),
+        ({"name": "bulk", "levels": "user"}, "levels"),
+    ],
+)
 def test_a_bad_priority_class_is_refused_naming_the_field(client, body, field):
     error = error_of(client.post("/api/v1/priorities", body, format="json"), 400)
     assert list(error["fields"]) == [field]
@@ -558,8 +642,9 @@ def test_a_bad_priority_class_is_refused_naming_the_field(client, body, field):
 
 def test_a_priority_class_with_a_stale_version_is_a_409_and_changes_nothing(client):
     read = client.get("/api/v1/priorities/batch").json()
-    assert client.patch("/api/v1/priorities/batch", {"levels": ["team"], "version": 1},
-                        format="json").status_code == 200  # someone else's change: its levels alone
+    assert (
+        client.patch("/api/v1/priorities/batch", {"levels": ["team"], "version": 1}, format="json").status_code == 200
+    )  # someone else's change: its levels alone
     before = snapshot()
     error = error_of(client.put("/api/v1/priorities/batch", {**read, "watermark": 0.5}, format="json"), 409)
     assert error["code"] == "conflict"
@@ -600,8 +685,10 @@ def test_an_edit_through_the_api_changes_the_next_decision(client, decide_client
     assert decide_client.post("/api/v1/decisions", {"keys": keys, "cost": 40}, format="json").json()["allowed"]
     rules = {**PRO_RULES, "team": [{"type": "token_bucket", "capacity": 30, "per_second": 1}]}
     with committed():
-        assert client.put("/api/v1/tiers/pro", {"name": "pro", "rules": rules, "version": 1},
-                          format="json").status_code == 200
+        assert (
+            client.put("/api/v1/tiers/pro", {"name": "pro", "rules": rules, "version": 1}, format="json").status_code
+            == 200
+        )
     clock.advance(CHECK_EVERY)  # the next version check: within a second
 
     body = decide_client.post("/api/v1/decisions", {"keys": keys, "cost": 40}, format="json").json()
@@ -612,8 +699,11 @@ def test_an_edit_through_the_api_changes_the_next_decision(client, decide_client
 
 def test_a_tenant_override_made_through_the_api_applies_at_once(client, loaded, clock, committed):
     with committed():
-        client.patch("/api/v1/tenants/acme", {"version": 1, "overrides": {
-            "team": [{"type": "token_bucket", "capacity": 2, "per_second": 1}]}}, format="json")
+        client.patch(
+            "/api/v1/tenants/acme",
+            {"version": 1, "overrides": {"team": [{"type": "token_bucket", "capacity": 2, "per_second": 1}]}},
+            format="json",
+        )
     clock.advance(CHECK_EVERY)
     assert loaded.decide({"team": "acme"}, cost=2).allowed
     assert loaded.decide({"team": "acme"}, cost=1).blocked_by == "team: token_bucket(2, 1/s)"
@@ -644,19 +734,31 @@ def test_every_write_bumps_the_policy_version_once(client, committed, method, ur
 def test_a_refused_write_does_not_bump_the_policy_version(client, committed):
     before = current_version()
     with committed():
-        error_of(client.patch("/api/v1/tiers/pro", {"rules": {"user": [{"type": "x"}]}, "version": 1},
-                              format="json"), 400)
+        error_of(
+            client.patch("/api/v1/tiers/pro", {"rules": {"user": [{"type": "x"}]}, "version": 1}, format="json"), 400
+        )
     assert current_version() == before
 
 
 # --- who may call --------------------------------------------------------------------------
 
-READS = ["/api/v1/tiers", "/api/v1/tiers/pro", "/api/v1/tenants", "/api/v1/tenants/acme", "/api/v1/levels",
-         "/api/v1/levels/user", "/api/v1/priorities", "/api/v1/priorities/batch", "/api/v1/settings"]
-CHANGES = [("post", "/api/v1/levels", {"name": "org"}),
-           ("patch", "/api/v1/tiers/pro", {"version": 1}),
-           ("put", "/api/v1/settings", {"default_tier": "pro"}),
-           ("delete", "/api/v1/priorities/interactive", None)]
+READS = [
+    "/api/v1/tiers",
+    "/api/v1/tiers/pro",
+    "/api/v1/tenants",
+    "/api/v1/tenants/acme",
+    "/api/v1/levels",
+    "/api/v1/levels/user",
+    "/api/v1/priorities",
+    "/api/v1/priorities/batch",
+    "/api/v1/settings",
+]
+CHANGES = [
+    ("post", "/api/v1/levels", {"name": "org"}),
+    ("patch", "/api/v1/tiers/pro", {"version": 1}),
+    ("put", "/api/v1/settings", {"default_tier": "pro"}),
+    ("delete", "/api/v1/priorities/interactive", None),
+]
 
 
 @pytest.mark.parametrize("url", READS)
@@ -687,8 +789,7 @@ def test_a_bad_or_revoked_token_is_a_401(loaded):
 
 
 @pytest.mark.parametrize("method, url, body", CHANGES)
-def test_changes_are_refused_to_anyone_but_an_operator_and_change_nothing(loaded, method, url, body,
-                                                                           django_user_model):
+def test_changes_are_refused_to_anyone_but_an_operator_and_change_nothing(loaded, method, url, body, django_user_model):
     from rest_framework.test import APIClient
 
     before = snapshot()
@@ -724,13 +825,17 @@ def test_an_operators_session_needs_the_csrf_token_to_change(loaded, staff_clien
 def test_a_tokens_change_is_in_the_history_under_the_tokens_name(client):
     rules = {"user": [{"type": "token_bucket", "capacity": 5, "per_second": 1}]}
     assert client.post("/api/v1/tiers", {"name": "gold", "rules": rules}, format="json").status_code == 201
-    assert client.patch("/api/v1/priorities/batch", {"levels": ["team"], "version": 1},
-                        format="json").status_code == 200
+    assert (
+        client.patch("/api/v1/priorities/batch", {"levels": ["team"], "version": 1}, format="json").status_code == 200
+    )
 
     gold = Tier.objects.get(name="gold")
     created = gold.history.get()
-    assert (created.history_type, created.history_user, created.history_change_reason) == \
-        ("+", None, "token:ops-script")
+    assert (created.history_type, created.history_user, created.history_change_reason) == (
+        "+",
+        None,
+        "token:ops-script",
+    )
     assert [r.history_change_reason for r in Rule.history.filter(tier_id=gold.pk)] == ["token:ops-script"]
     latest = PriorityClass.objects.get(name="batch").history.first()  # its new levels (an m2m change)
     assert [row.level.name for row in latest.levels.all()] == ["team"]
@@ -741,8 +846,9 @@ def test_an_operators_change_is_in_the_history_under_the_operator(loaded, staff_
     secret = secrets.token_hex(16)
     staff_client.cookies["csrftoken"] = secret
     rules = {"user": [{"type": "token_bucket", "capacity": 5, "per_second": 1}]}
-    response = staff_client.post("/api/v1/tiers", {"name": "gold", "rules": rules}, format="json",
-                                 HTTP_X_CSRFTOKEN=secret)
+    response = staff_client.post(
+        "/api/v1/tiers", {"name": "gold", "rules": rules}, format="json", HTTP_X_CSRFTOKEN=secret
+    )
     assert response.status_code == 201, response.content
 
     created = Tier.objects.get(name="gold").history.get()
@@ -759,9 +865,17 @@ def test_the_schema_documents_the_policy_endpoints_with_rule_types_from_the_regi
 
     schema = SchemaGenerator().get_schema(request=None, public=True)
     validate_schema(schema)
-    paths = ["/api/v1/tiers", "/api/v1/tiers/{name}", "/api/v1/tenants", "/api/v1/tenants/{key}",
-             "/api/v1/levels", "/api/v1/levels/{name}", "/api/v1/priorities", "/api/v1/priorities/{name}",
-             "/api/v1/settings"]
+    paths = [
+        "/api/v1/tiers",
+        "/api/v1/tiers/{name}",
+        "/api/v1/tenants",
+        "/api/v1/tenants/{key}",
+        "/api/v1/levels",
+        "/api/v1/levels/{name}",
+        "/api/v1/priorities",
+        "/api/v1/priorities/{name}",
+        "/api/v1/settings",
+    ]
     for path in paths:
         assert path in schema["paths"], path
         for operation in schema["paths"][path].values():

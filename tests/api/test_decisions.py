@@ -18,8 +18,12 @@ def decide(client, **body):
 
 def seed_policy(user, team, more=None):
     """A policy with one tier whose user and team rules are given, as seed 003's tests use."""
-    return {"default_tier": "t", "levels": [{"name": "user"}, {"name": "team"}, {"name": "global"}],
-            "tiers": {"t": {"user": user, "team": team}}, **(more or {})}
+    return {
+        "default_tier": "t",
+        "levels": [{"name": "user"}, {"name": "team"}, {"name": "global"}],
+        "tiers": {"t": {"user": user, "team": team}},
+        **(more or {}),
+    }
 
 
 def bucket(capacity, per_second, **more):
@@ -33,8 +37,15 @@ def test_an_allowed_decision_says_so_with_rate_limit_headers(api, decide_client)
     response = decide(decide_client, keys=ACME, cost=5)
     assert response.status_code == 200
     body = response.json()
-    assert body == {"allowed": True, "retry_after": 0.0, "blocked_by": None, "reason": "OK",
-                    "remaining": 45.0, "degraded": False, "shadow_blocked": []}
+    assert body == {
+        "allowed": True,
+        "retry_after": 0.0,
+        "blocked_by": None,
+        "reason": "OK",
+        "remaining": 45.0,
+        "degraded": False,
+        "shadow_blocked": [],
+    }
     assert response["RateLimit-Policy"].startswith('"user:sliding_window";q=600;w=60, ')
     assert '"team:token_bucket";q=1000;w=10' in response["RateLimit-Policy"]
     assert response["RateLimit"] == '"user:token_bucket";r=45'  # the smallest quota: 50
@@ -134,9 +145,14 @@ def test_seed_a_cost_above_the_capacity_never_fits(seed_api, decide_client):
 
 
 def test_seed_a_sliding_window_waits_for_its_oldest_entry(engine, load, decide_client, clock):
-    load({"default_tier": "t", "levels": [{"name": "user"}, {"name": "global"}],
-          "tiers": {"t": {"user": [{"type": "sliding_window", "limit": 2, "window": 10}]}},
-          "global": [{"type": "fixed_window", "limit": 100, "window": 60}]})
+    load(
+        {
+            "default_tier": "t",
+            "levels": [{"name": "user"}, {"name": "global"}],
+            "tiers": {"t": {"user": [{"type": "sliding_window", "limit": 2, "window": 10}]}},
+            "global": [{"type": "fixed_window", "limit": 100, "window": 60}],
+        }
+    )
     keys = {"user": "u", "global": "*"}
     assert decide(decide_client, keys=keys).json()["allowed"]
     clock.advance(4)
@@ -150,24 +166,27 @@ def test_seed_a_sliding_window_waits_for_its_oldest_entry(engine, load, decide_c
 # --- bad input: a 400 that names the field, never a 500 -------------------------------------
 
 
-@pytest.mark.parametrize("body, field", [
-    ({}, "keys"),
-    ({"keys": {}}, "keys"),
-    ({"keys": ["u1"]}, "keys"),
-    ({"keys": {"planet": "earth"}}, "keys.planet"),
-    ({"keys": {"user": ""}}, "keys.user"),
-    ({"keys": {"user": 7}}, "keys.user"),
-    ({"keys": {"user": "u" * 300}}, "keys.user"),
-    ({"keys": {"user": "u"}, "cost": 0}, "cost"),
-    ({"keys": {"user": "u"}, "cost": -1}, "cost"),
-    ({"keys": {"user": "u"}, "cost": "5"}, "cost"),
-    ({"keys": {"user": "u"}, "cost": True}, "cost"),
-    ({"keys": {"user": "u"}, "cost": 1e300}, "cost"),
-    ({"keys": {"user": "u"}, "priority": "vip"}, "priority"),
-    ({"keys": {"user": "u"}, "priority": 3}, "priority"),
-    ({"keys": {"user": "u"}, "dry_run": 1}, "dry_run"),
-    ({"keys": {"user": "u"}, "kyes": {}}, "kyes"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({}, "keys"),
+        ({"keys": {}}, "keys"),
+        ({"keys": ["u1"]}, "keys"),
+        ({"keys": {"planet": "earth"}}, "keys.planet"),
+        ({"keys": {"user": ""}}, "keys.user"),
+        ({"keys": {"user": 7}}, "keys.user"),
+        ({"keys": {"user": "u" * 300}}, "keys.user"),
+        ({"keys": {"user": "u"}, "cost": 0}, "cost"),
+        ({"keys": {"user": "u"}, "cost": -1}, "cost"),
+        ({"keys": {"user": "u"}, "cost": "5"}, "cost"),
+        ({"keys": {"user": "u"}, "cost": True}, "cost"),
+        ({"keys": {"user": "u"}, "cost": 1e300}, "cost"),
+        ({"keys": {"user": "u"}, "priority": "vip"}, "priority"),
+        ({"keys": {"user": "u"}, "priority": 3}, "priority"),
+        ({"keys": {"user": "u"}, "dry_run": 1}, "dry_run"),
+        ({"keys": {"user": "u"}, "kyes": {}}, "kyes"),
+    ],
+)
 def test_a_bad_request_is_a_400_naming_the_field(api, decide_client, body, field):
     response = decide_client.post(URL, body, format="json")
     assert response.status_code == 400
@@ -177,8 +196,10 @@ def test_a_bad_request_is_a_400_naming_the_field(api, decide_client, body, field
     assert error["message"].startswith(field)
 
 
-@pytest.mark.parametrize("raw", ['{"keys": ', "[1, 2", '{"keys": {"user": "u"}, "cost": NaN}',
-                                 '{"keys": {"user": "u"}, "cost": Infinity}', "\xff"])
+@pytest.mark.parametrize(
+    "raw",
+    ['{"keys": ', "[1, 2", '{"keys": {"user": "u"}, "cost": NaN}', '{"keys": {"user": "u"}, "cost": Infinity}', "\xff"],
+)
 def test_malformed_json_is_a_400(api, decide_client, raw):
     response = decide_client.post(URL, raw, content_type="application/json")
     assert response.status_code == 400
@@ -311,8 +332,7 @@ def test_a_batch_on_redis_is_one_round_trip(seed_api, decide_client, redis_store
 
     def counters():
         stats = observer.info("stats")
-        return (observer.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0),
-                stats["total_reads_processed"])
+        return (observer.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0), stats["total_reads_processed"])
 
     scripts, reads = counters()
     decide_client.post(BATCH, {"requests": requests}, format="json")
@@ -324,8 +344,9 @@ def test_a_batch_on_redis_is_one_round_trip(seed_api, decide_client, redis_store
 
 
 def test_remaining_is_null_when_no_rule_applies(memory_engine, load, decide_client):
-    load({"default_tier": "t", "levels": [{"name": "user"}, {"name": "team"}],
-          "tiers": {"t": {"team": [bucket(5, 1)]}}})
+    load(
+        {"default_tier": "t", "levels": [{"name": "user"}, {"name": "team"}], "tiers": {"t": {"team": [bucket(5, 1)]}}}
+    )
     response = decide(decide_client, keys={"user": "u"})
     assert response.json()["allowed"] is True and response.json()["remaining"] is None
     assert b"Infinity" not in response.content  # the JSON stays strict

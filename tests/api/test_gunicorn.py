@@ -6,8 +6,11 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-POLICY = {"default_tier": "t", "levels": [{"name": "user"}, {"name": "team", "fail_mode": "closed"}],
-          "tiers": {"t": {"team": [{"type": "token_bucket", "capacity": 50, "per_second": 0}]}}}
+POLICY = {
+    "default_tier": "t",
+    "levels": [{"name": "user"}, {"name": "team", "fail_mode": "closed"}],
+    "tiers": {"t": {"team": [{"type": "token_bucket", "capacity": 50, "per_second": 0}]}},
+}
 
 
 def test_200_concurrent_requests_at_a_team_of_50_admit_exactly_50(redis_url):

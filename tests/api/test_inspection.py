@@ -25,10 +25,10 @@ def test_buckets_of_a_tenant_with_an_override_say_where_each_rule_comes_from(api
     body = admin_api_client.get("/api/v1/buckets", {"level": "team", "key": "bigco"}).json()
     assert body["override"] is True
     assert [(rule["rule"], rule["source"]) for rule in body["rules"]] == [
-        ("token_bucket(600, 10/s)", "override: bigco")]
+        ("token_bucket(600, 10/s)", "override: bigco")
+    ]
     body = admin_api_client.get("/api/v1/buckets", {"level": "global", "key": "*"}).json()
-    assert [(rule["rule"], rule["source"]) for rule in body["rules"]] == [
-        ("token_bucket(100000, 10000/s)", "global")]
+    assert [(rule["rule"], rule["source"]) for rule in body["rules"]] == [("token_bucket(100000, 10000/s)", "global")]
 
 
 def test_an_untouched_bucket_is_full(api, admin_api_client):
@@ -37,10 +37,15 @@ def test_an_untouched_bucket_is_full(api, admin_api_client):
     assert body["rules"][0]["state"]["full_in"] == 0
 
 
-@pytest.mark.parametrize("query, field", [
-    ({"key": "acme"}, "level"), ({"level": "team"}, "key"), ({"level": "planet", "key": "x"}, "level"),
-    ({"level": "team", "key": "k" * 300}, "key"),
-])
+@pytest.mark.parametrize(
+    "query, field",
+    [
+        ({"key": "acme"}, "level"),
+        ({"level": "team"}, "key"),
+        ({"level": "planet", "key": "x"}, "level"),
+        ({"level": "team", "key": "k" * 300}, "key"),
+    ],
+)
 def test_a_bad_bucket_query_names_the_parameter(api, admin_api_client, query, field):
     response = admin_api_client.get("/api/v1/buckets", query)
     assert response.status_code == 400
@@ -86,13 +91,19 @@ def test_metrics_count_decisions_by_result_level_and_reason(api, decide_client, 
 
 
 def test_the_schema_is_valid_openapi_and_lists_every_endpoint(api, client):
-    from drf_spectacular.validation import validate_schema
     from drf_spectacular.generators import SchemaGenerator
+    from drf_spectacular.validation import validate_schema
 
     schema = SchemaGenerator().get_schema(request=None, public=True)
     validate_schema(schema)
-    for path in ("/api/v1/decisions", "/api/v1/decisions/batch", "/api/v1/reservations",
-                 "/api/v1/reservations/{reservation_id}/commit", "/api/v1/buckets", "/api/v1/stats/blocked"):
+    for path in (
+        "/api/v1/decisions",
+        "/api/v1/decisions/batch",
+        "/api/v1/reservations",
+        "/api/v1/reservations/{reservation_id}/commit",
+        "/api/v1/buckets",
+        "/api/v1/stats/blocked",
+    ):
         assert path in schema["paths"], path
     assert schema["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
     assert client.get("/api/schema/").status_code == 200

@@ -66,8 +66,10 @@ def tokens(db):
 @pytest.fixture
 def drf_only(monkeypatch):
     """Turns the lean path off: every request goes through DRF's own dispatch."""
+
     def turn_off():
         monkeypatch.setattr(GatewayView, "_takes_lean_path", lambda self, request, kwargs: False)
+
     return turn_off
 
 
@@ -98,9 +100,13 @@ def wire(response) -> tuple:
 
 
 def counters() -> dict:
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for metric in REGISTRY.collect() if metric.name in ("limiter_decisions", "limiter_store_unavailable")
-            for sample in metric.samples if sample.name.endswith("_total")}
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for metric in REGISTRY.collect()
+        if metric.name in ("limiter_decisions", "limiter_store_unavailable")
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    }
 
 
 def run(requests, tokens, redis_store, client=None) -> tuple[list, dict, dict]:
@@ -116,7 +122,8 @@ def run(requests, tokens, redis_store, client=None) -> tuple[list, dict, dict]:
 
 
 def test_the_lean_path_and_drf_give_the_same_answers_headers_metrics_and_stats(
-        api, tokens, redis_store, drf_only, drf_dispatches):
+    api, tokens, redis_store, drf_only, drf_dispatches
+):
     lean = run(REQUESTS, tokens, redis_store)
     assert drf_dispatches == []  # every one of them took the lean path
     drf_only()
@@ -149,8 +156,9 @@ def test_an_unreachable_database_is_the_same_503(api, tokens, redis_store, drf_o
         raise DatabaseError("no such table")
 
     monkeypatch.setattr(auth, "find_token", down)
-    lean, drf = answers_both_ways([(URL, {"keys": ACME}, {}), (BATCH, {"requests": [{"keys": ACME}]}, {})],
-                                  tokens, redis_store, drf_only)
+    lean, drf = answers_both_ways(
+        [(URL, {"keys": ACME}, {}), (BATCH, {"requests": [{"keys": ACME}]}, {})], tokens, redis_store, drf_only
+    )
     assert lean == drf and [status for status, _, _ in lean] == [503, 503]
     assert ("Retry-After", "1") in lean[0][1]
 
@@ -170,22 +178,27 @@ def test_a_bug_is_the_same_500_in_the_error_shape(api, tokens, redis_store, drf_
 
     monkeypatch.setattr(decisions, "decision_body", broken)
     client = Client(raise_request_exception=False)
-    lean, drf = answers_both_ways([(URL, {"keys": ACME}, {}), (BATCH, {"requests": [{"keys": ACME}]}, {})],
-                                  tokens, redis_store, drf_only, client)
+    lean, drf = answers_both_ways(
+        [(URL, {"keys": ACME}, {}), (BATCH, {"requests": [{"keys": ACME}]}, {})], tokens, redis_store, drf_only, client
+    )
     assert lean == drf and [status for status, _, _ in lean] == [500, 500]
     assert json.loads(lean[0][2])["error"]["code"] == "server_error"
 
 
-@pytest.mark.parametrize("extra", [
-    {"HTTP_ACCEPT": "application/json; indent=4"},
-    {"HTTP_ACCEPT": "text/html"},
-    {"QUERY_STRING": "format=json"},
-    {"QUERY_STRING": "format=xml"},
-    {"CONTENT_TYPE": "application/json; charset=utf-8"},
-    {"CONTENT_TYPE": "text/plain"},
-    {"HTTP_AUTHORIZATION": ""},
-    {"HTTP_AUTHORIZATION": "Token abc"},
-], ids=lambda extra: ", ".join(f"{k}={v!r}" for k, v in extra.items()))
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"HTTP_ACCEPT": "application/json; indent=4"},
+        {"HTTP_ACCEPT": "text/html"},
+        {"QUERY_STRING": "format=json"},
+        {"QUERY_STRING": "format=xml"},
+        {"CONTENT_TYPE": "application/json; charset=utf-8"},
+        {"CONTENT_TYPE": "text/plain"},
+        {"HTTP_AUTHORIZATION": ""},
+        {"HTTP_AUTHORIZATION": "Token abc"},
+    ],
+    ids=lambda extra: ", ".join(f"{k}={v!r}" for k, v in extra.items()),
+)
 def test_any_other_request_goes_through_drf(api, tokens, redis_store, drf_dispatches, extra):
     client = Client()
     response = send(client, URL, {"keys": ACME}, extra, tokens)

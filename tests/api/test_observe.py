@@ -23,9 +23,13 @@ DECIDED = [
 
 
 def counters() -> dict:
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for metric in REGISTRY.collect() if metric.name in ("limiter_decisions", "limiter_store_unavailable")
-            for sample in metric.samples if sample.name.endswith("_total")}
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for metric in REGISTRY.collect()
+        if metric.name in ("limiter_decisions", "limiter_store_unavailable")
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    }
 
 
 def left_behind(bookkeeping, clock) -> tuple[dict, dict]:
@@ -48,8 +52,9 @@ def test_a_batchs_bookkeeping_adds_up_to_one_record_per_decision(clock):
     assert at_once == one_by_one
     added = one_by_one[0]
     assert added[("limiter_decisions_total", (("level", ""), ("reason", "OK"), ("result", "allowed")))] == 2
-    assert added[("limiter_decisions_total", (("level", "user"), ("reason", "RATE_LIMITED"),
-                                              ("result", "denied")))] == 2
+    assert (
+        added[("limiter_decisions_total", (("level", "user"), ("reason", "RATE_LIMITED"), ("result", "denied")))] == 2
+    )
     assert added[("limiter_store_unavailable_total", ())] == 2
     assert one_by_one[1]["denied"] == 5
 

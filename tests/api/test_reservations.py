@@ -7,10 +7,19 @@ KEYS = {"user": "u1", "team": "lab"}
 
 
 def policy():
-    return {"default_tier": "t", "levels": [{"name": "user"}, {"name": "team"}],
-            "tiers": {"t": {"user": [{"type": "token_bucket", "capacity": 100, "per_second": 0}],
-                            "team": [{"type": "token_bucket", "capacity": 1000, "per_second": 0},
-                                     {"type": "concurrency", "limit": 2, "lease": 30}]}}}
+    return {
+        "default_tier": "t",
+        "levels": [{"name": "user"}, {"name": "team"}],
+        "tiers": {
+            "t": {
+                "user": [{"type": "token_bucket", "capacity": 100, "per_second": 0}],
+                "team": [
+                    {"type": "token_bucket", "capacity": 1000, "per_second": 0},
+                    {"type": "concurrency", "limit": 2, "lease": 30},
+                ],
+            }
+        },
+    }
 
 
 @pytest.fixture
@@ -102,10 +111,15 @@ def test_a_denied_reservation_takes_nothing(lab, decide_client, admin_api_client
     assert tokens(admin_api_client, "team", "lab") == 1000
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"actual_cost": -1}, "actual_cost"), ({"actual_cost": "3"}, "actual_cost"), ({}, "actual_cost"),
-    ({"actual_cost": 1, "refund": 5}, "refund"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"actual_cost": -1}, "actual_cost"),
+        ({"actual_cost": "3"}, "actual_cost"),
+        ({}, "actual_cost"),
+        ({"actual_cost": 1, "refund": 5}, "refund"),
+    ],
+)
 def test_a_bad_commit_is_a_400_and_settles_nothing(lab, decide_client, admin_api_client, body, field):
     rid = reserve(decide_client, 50).json()["id"]
     response = decide_client.post(f"{RESERVE}/{rid}/commit", body, format="json")
@@ -113,10 +127,15 @@ def test_a_bad_commit_is_a_400_and_settles_nothing(lab, decide_client, admin_api
     assert decide_client.post(f"{RESERVE}/{rid}/cancel").status_code == 200
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"keys": KEYS, "cost": 0}, "cost"), ({"keys": KEYS, "hold": 0}, "hold"),
-    ({"keys": KEYS, "hold": 10 ** 6}, "hold"), ({"cost": 3}, "keys"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"keys": KEYS, "cost": 0}, "cost"),
+        ({"keys": KEYS, "hold": 0}, "hold"),
+        ({"keys": KEYS, "hold": 10**6}, "hold"),
+        ({"cost": 3}, "keys"),
+    ],
+)
 def test_a_bad_reservation_is_a_400(lab, decide_client, body, field):
     response = decide_client.post(RESERVE, body, format="json")
     assert response.status_code == 400 and field in response.json()["error"]["fields"]

@@ -8,8 +8,8 @@ import pytest
 from drf_spectacular.validation import validate_schema
 from rest_framework.test import APIClient
 
-from policies.api.inspection import MAX_WINDOW, WINDOW_PATTERN, parse_window
 from policies.api.errors import APIError
+from policies.api.inspection import MAX_WINDOW, WINDOW_PATTERN, parse_window
 from policies.models import Level, PriorityClass, Tier
 
 from .conftest import make_token, token_client
@@ -50,8 +50,12 @@ def test_it_names_the_configured_levels_where_a_request_is_keyed_by_level(admin_
     assert list(keys["properties"]) == LEVELS
     assert keys["additionalProperties"] is False and keys["minProperties"] == 1
     assert list(component(admin_schema, "ReservationRequestRequest")["properties"]["keys"]["properties"]) == LEVELS
-    for name, field in (("NewTierRequest", "rules"), ("PatchedTierRequest", "rules"),
-                        ("NewTenantRequest", "overrides"), ("TenantRequest", "overrides")):
+    for name, field in (
+        ("NewTierRequest", "rules"),
+        ("PatchedTierRequest", "rules"),
+        ("NewTenantRequest", "overrides"),
+        ("TenantRequest", "overrides"),
+    ):
         rules = component(admin_schema, name)["properties"][field]
         assert list(rules["properties"]) == LEVELS and rules["additionalProperties"] is False, name
     assert component(admin_schema, "PriorityRequest")["properties"]["levels"]["items"]["enum"] == LEVELS

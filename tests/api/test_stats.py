@@ -30,10 +30,17 @@ def test_old_denials_leave_the_window(api, decide_client, admin_api_client, cloc
     assert admin_api_client.get("/api/v1/stats/blocked", {"window": "1h"}).json()["denied"] == 1
 
 
-@pytest.mark.parametrize("query, field", [
-    ({"window": "0"}, "window"), ({"window": "2d"}, "window"), ({"window": "soon"}, "window"),
-    ({"top": "0"}, "top"), ({"top": "many"}, "top"), ({"top": "1000"}, "top"),
-])
+@pytest.mark.parametrize(
+    "query, field",
+    [
+        ({"window": "0"}, "window"),
+        ({"window": "2d"}, "window"),
+        ({"window": "soon"}, "window"),
+        ({"top": "0"}, "top"),
+        ({"top": "many"}, "top"),
+        ({"top": "1000"}, "top"),
+    ],
+)
 def test_a_bad_stats_query_names_the_parameter(api, admin_api_client, query, field):
     response = admin_api_client.get("/api/v1/stats/blocked", query)
     assert response.status_code == 400

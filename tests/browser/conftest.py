@@ -21,8 +21,16 @@ from tests.api.conftest import clock, load, memory_engine, policy_doc  # noqa: F
 CHROMIUM = "/usr/bin/chromium"
 # The closed network refuses Chromium's background connections (updates, sync, QUIC probes):
 # without these flags it keeps trying, and a test would wait on them.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SCREENSHOTS = Path(__file__).parent / "screenshots"
 
 
@@ -37,8 +45,11 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture
 def browser(monkeypatch):
     if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: the browser tests need Debian's chromium package "
-                    "(`apt-get install chromium`, as .ci/run does)", pytrace=False)
+        pytest.fail(
+            f"{CHROMIUM} is missing: the browser tests need Debian's chromium package "
+            "(`apt-get install chromium`, as .ci/run does)",
+            pytrace=False,
+        )
     from playwright.sync_api import sync_playwright
 
     # Playwright's sync API keeps an asyncio loop in this thread while it runs, which makes

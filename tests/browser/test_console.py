@@ -19,8 +19,11 @@ TINY_RULE = "team: token_bucket(3, 1/s)"
 def decide(live_server, token, keys, cost=1):
     """POST /api/v1/decisions as a gateway would, with its decide token."""
     request = urllib.request.Request(
-        f"{live_server.url}/api/v1/decisions", data=json.dumps({"keys": keys, "cost": cost}).encode(),
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"}, method="POST")
+        f"{live_server.url}/api/v1/decisions",
+        data=json.dumps({"keys": keys, "cost": cost}).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        method="POST",
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
 
@@ -29,7 +32,9 @@ def decide(live_server, token, keys, cost=1):
 def tinyco(memory_engine, load, policy_doc):
     """The example policy, plus tenant tinyco whose team bucket holds 3."""
     policy_doc["tenants"]["tinyco"] = {
-        "tier": "free", "overrides": {"team": [{"type": "token_bucket", "capacity": 3, "per_second": 1}]}}
+        "tier": "free",
+        "overrides": {"team": [{"type": "token_bucket", "capacity": 3, "per_second": 1}]},
+    }
     load(policy_doc)
     return memory_engine
 
@@ -55,12 +60,15 @@ def log_in(page):
 
 def chart_series(page):
     """The blocked_by chart's datasets as Chart.js holds them: label -> total denials."""
-    return dict(page.evaluate("""() => Chart.getChart(document.getElementById("blocked-chart"))
-        .data.datasets.map(d => [d.label, d.data.reduce((a, b) => a + b, 0)])"""))
+    return dict(
+        page.evaluate("""() => Chart.getChart(document.getElementById("blocked-chart"))
+        .data.datasets.map(d => [d.label, d.data.reduce((a, b) => a + b, 0)])""")
+    )
 
 
 def test_an_operator_sees_a_tenant_throttled_reads_its_buckets_and_raises_its_limit(
-        page, live_server, tinyco, token, operator, clock):
+    page, live_server, tinyco, token, operator, clock
+):
     log_in(page)
     page.click("#dashboard-link")
     expect(page).to_have_url("/admin/dashboard/")
@@ -117,8 +125,7 @@ def test_an_operator_sees_a_tenant_throttled_reads_its_buckets_and_raises_its_li
     assert page.outside == [] and page.errors == []
 
 
-def test_a_reset_is_confirmed_in_the_browser_and_a_dry_run_answers_in_place(page, live_server, tinyco, token,
-                                                                            operator):
+def test_a_reset_is_confirmed_in_the_browser_and_a_dry_run_answers_in_place(page, live_server, tinyco, token, operator):
     for _ in range(3):
         decide(live_server, token, {"team": "tinyco"})
     log_in(page)
@@ -143,7 +150,8 @@ def test_a_reset_is_confirmed_in_the_browser_and_a_dry_run_answers_in_place(page
     page.click('#reset-form input[type="submit"]')
     expect(page.locator(".messagelist")).to_contain_text("The buckets of team: tinyco were reset")
     expect(page.locator('tr.bucket-rule[data-rule="token_bucket(3, 1/s)"] td.state')).to_contain_text(
-        "3 / 3 tokens left")
+        "3 / 3 tokens left"
+    )
     assert decide(live_server, token, {"team": "tinyco"})["allowed"]
 
     assert page.outside == [] and page.errors == []

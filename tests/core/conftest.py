@@ -23,8 +23,7 @@ _prefix_numbers = itertools.count(1)
 def pytest_generate_tests(metafunc):
     if "store_kind" in metafunc.fixturenames:
         memory_only = metafunc.definition.get_closest_marker("memory_only") is not None
-        metafunc.parametrize("store_kind", ["memory"] if memory_only else STORE_KINDS,
-                             indirect=True)
+        metafunc.parametrize("store_kind", ["memory"] if memory_only else STORE_KINDS, indirect=True)
 
 
 @pytest.fixture
@@ -77,8 +76,8 @@ def build(clock, new_store):
 
     def build(config, priorities=None, store=None):
         return HierarchicalLimiter.from_config(
-            config, store=store if store is not None else new_store(), clock=clock,
-            priorities=priorities)
+            config, store=store if store is not None else new_store(), clock=clock, priorities=priorities
+        )
 
     return build
 

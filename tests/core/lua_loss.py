@@ -9,8 +9,9 @@ from tests.conftest import RedisServer
 @pytest.fixture
 def redis_without_functions(tmp_path):
     """A redis-server that answers FCALL and FUNCTION as unknown commands, as Redis 6 does."""
-    server = RedisServer(tmp_path, options=("--rename-command", "FCALL", "",
-                                            "--rename-command", "FUNCTION", "")).start()
+    server = RedisServer(
+        tmp_path, options=("--rename-command", "FCALL", "", "--rename-command", "FUNCTION", "")
+    ).start()
     yield server
     server.kill()
 

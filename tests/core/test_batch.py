@@ -13,8 +13,17 @@ from core import HierarchicalLimiter, InvalidRequest, ManualClock, Param, Rule, 
 from core.limiter import acquire_batch as acquire_batch_from_limiter
 from core.stores.redis import RedisStore
 
-from .helpers import (concurrency, fixed_window, gcra, move_to, register_lifetime_quota,
-                      sliding_window, sliding_window_counter, state_of, token_bucket)
+from .helpers import (
+    concurrency,
+    fixed_window,
+    gcra,
+    move_to,
+    register_lifetime_quota,
+    sliding_window,
+    sliding_window_counter,
+    state_of,
+    token_bucket,
+)
 from .lua_loss import losing_the_lua, redis_without_functions  # noqa: F401 (fixtures)
 
 CONFIG = {
@@ -23,13 +32,19 @@ CONFIG = {
     "global": [sliding_window_counter(8, 4), token_bucket(2, 0.5, shadow=True)],
 }
 PRIORITIES = {"batch": {"watermark": 0.25, "levels": ["team", "global"]}}
-KEY_SETS = [{"user": "ann", "team": "red", "global": "*"}, {"user": "bob", "team": "red"},
-            {"user": "ann"}, {"team": "blue", "global": "*"}, {"global": "*"}]
+KEY_SETS = [
+    {"user": "ann", "team": "red", "global": "*"},
+    {"user": "bob", "team": "red"},
+    {"user": "ann"},
+    {"team": "blue", "global": "*"},
+    {"global": "*"},
+]
 
 
 def requests(rng, count):
-    return [(rng.choice(KEY_SETS), rng.choice([1, 1, 0.5, 2, 2.5]), rng.choice([None, None, "batch"]))
-            for _ in range(count)]
+    return [
+        (rng.choice(KEY_SETS), rng.choice([1, 1, 0.5, 2, 2.5]), rng.choice([None, None, "batch"])) for _ in range(count)
+    ]
 
 
 def assert_same(batched, one_by_one):
@@ -59,25 +74,27 @@ def test_a_batch_equals_the_same_requests_made_one_by_one(build, clock, seed):
     one_by_one = build(CONFIG, priorities=PRIORITIES)
     for _ in range(12):
         items = requests(rng, rng.randrange(1, 12))
-        assert_same(acquire_batch([(batched, *item) for item in items]),
-                    [one_by_one.acquire(*item) for item in items])
+        assert_same(acquire_batch([(batched, *item) for item in items]), [one_by_one.acquire(*item) for item in items])
         clock.advance(rng.choice([0, 0.25, 0.5, 1, 2.5, 5]))
 
 
 def test_a_batch_mixes_tenants_whose_limiters_share_one_store(build, clock):
     free = {"user": [token_bucket(2, 1)], "team": [token_bucket(4, 1)], "global": [token_bucket(6, 0)]}
-    pro = {"user": [sliding_window(5, 10)], "team": [fixed_window(10, 10)],
-           "global": [token_bucket(6, 0)]}
+    pro = {"user": [sliding_window(5, 10)], "team": [fixed_window(10, 10)], "global": [token_bucket(6, 0)]}
     rng = random.Random(7)
     shared = build(free)
     tenants = {"free": shared, "pro": build(pro, store=shared.store)}
     alone = build(free)
     alone_tenants = {"free": alone, "pro": build(pro, store=alone.store)}
     for _ in range(6):
-        items = [(rng.choice(["free", "pro"]), {"user": rng.choice("ab"), "team": "t", "global": "*"})
-                 for _ in range(rng.randrange(1, 8))]
-        assert_same(acquire_batch([(tenants[tier], keys, 1, None) for tier, keys in items]),
-                    [alone_tenants[tier].acquire(keys) for tier, keys in items])
+        items = [
+            (rng.choice(["free", "pro"]), {"user": rng.choice("ab"), "team": "t", "global": "*"})
+            for _ in range(rng.randrange(1, 8))
+        ]
+        assert_same(
+            acquire_batch([(tenants[tier], keys, 1, None) for tier, keys in items]),
+            [alone_tenants[tier].acquire(keys) for tier, keys in items],
+        )
         clock.advance(1)
     # The global bucket never refills and both tiers share it: six in all, whatever the tier.
     assert state_of(shared, "global", "*")["tokens"] == 0
@@ -94,10 +111,8 @@ def test_a_batch_hands_out_leases_that_release_their_slots(build):
 
 def test_a_cost_that_can_never_fit_is_refused_in_its_place(build):
     limiter = build({"user": [token_bucket(3, 0)]})
-    decisions = acquire_batch([(limiter, {"user": "u"}, 1), (limiter, {"user": "u"}, 4),
-                               (limiter, {"user": "u"}, 2)])
-    assert [(d.allowed, d.reason) for d in decisions] == [(True, "OK"), (False, "COST_EXCEEDS_LIMIT"),
-                                                          (True, "OK")]
+    decisions = acquire_batch([(limiter, {"user": "u"}, 1), (limiter, {"user": "u"}, 4), (limiter, {"user": "u"}, 2)])
+    assert [(d.allowed, d.reason) for d in decisions] == [(True, "OK"), (False, "COST_EXCEEDS_LIMIT"), (True, "OK")]
     assert decisions[1].retry_after == math.inf
 
 
@@ -113,8 +128,7 @@ def test_a_stateless_rule_that_denies_is_decided_in_its_turn(build, plugin_name)
     config = {"user": [{"type": Blocklist.type_name, "keys": ["bad"]}], "team": [token_bucket(2, 1)]}
     batched, one_by_one = build(config), build(config)
     items = [({"user": u, "team": "t"}, 1, None) for u in ("ok", "bad", "ok", "ok", "bad")]
-    assert_same(acquire_batch([(batched, *item) for item in items]),
-                [one_by_one.acquire(*item) for item in items])
+    assert_same(acquire_batch([(batched, *item) for item in items]), [one_by_one.acquire(*item) for item in items])
 
 
 def test_a_plug_in_without_lua_is_decided_in_its_turn(build, plugin_name):
@@ -126,22 +140,32 @@ def test_a_plug_in_without_lua_is_decided_in_its_turn(build, plugin_name):
     batched_plain = build(plain, store=batched.store)
     one_by_one = build(quota)
     one_by_one_plain = build(plain, store=one_by_one.store)
-    items = [(0, {"user": "u", "team": "t"}), (1, {"team": "t"}), (0, {"user": "u", "team": "t"}),
-             (1, {"team": "t"}), (0, {"user": "u", "team": "t"})]
-    assert_same(acquire_batch([((batched, batched_plain)[i], keys) for i, keys in items]),
-                [(one_by_one, one_by_one_plain)[i].acquire(keys) for i, keys in items])
+    items = [
+        (0, {"user": "u", "team": "t"}),
+        (1, {"team": "t"}),
+        (0, {"user": "u", "team": "t"}),
+        (1, {"team": "t"}),
+        (0, {"user": "u", "team": "t"}),
+    ]
+    assert_same(
+        acquire_batch([((batched, batched_plain)[i], keys) for i, keys in items]),
+        [(one_by_one, one_by_one_plain)[i].acquire(keys) for i, keys in items],
+    )
     assert state_of(batched, "team", "t")["tokens"] == 0
 
 
-@pytest.mark.parametrize("bad, field", [
-    ((1, {"user": "u"}, -1), "1.cost"),
-    ((1, {"user": "u"}, "2"), "1.cost"),
-    ((1, {"user": "u"}, 1, "vip"), "1.priority"),
-    ((1, {"user": ""}), "1.keys.user"),
-    ((1, ["u"]), "1.keys"),
-    (("not a limiter", {"user": "u"}), "1"),
-    ((1,), "1"),
-])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ((1, {"user": "u"}, -1), "1.cost"),
+        ((1, {"user": "u"}, "2"), "1.cost"),
+        ((1, {"user": "u"}, 1, "vip"), "1.priority"),
+        ((1, {"user": ""}), "1.keys.user"),
+        ((1, ["u"]), "1.keys"),
+        (("not a limiter", {"user": "u"}), "1"),
+        ((1,), "1"),
+    ],
+)
 def test_a_bad_item_is_refused_by_its_index_before_anything_is_taken(build, bad, field):
     limiter = build({"user": [token_bucket(3, 0)]})
     bad = tuple(limiter if part == 1 else part for part in bad[:1]) + bad[1:]
@@ -226,8 +250,7 @@ def test_losing_the_lua_during_batches_counts_every_admitted_request_once(losing
     CountingConnection.writes = 0
     flusher.start()
     try:
-        decisions = [d for _ in range(20)
-                     for d in acquire_batch([(limiter, {"user": "u", "team": "t"})] * 50)]
+        decisions = [d for _ in range(20) for d in acquire_batch([(limiter, {"user": "u", "team": "t"})] * 50)]
     finally:
         done.set()
         flusher.join()
@@ -241,8 +264,11 @@ def test_losing_the_lua_during_batches_counts_every_admitted_request_once(losing
 
 def test_an_item_redis_refuses_gets_its_fail_mode_and_the_others_still_count(redis_url, redis_server):
     limiter = HierarchicalLimiter.from_config(
-        {"user": [token_bucket(5, 0)]}, store=RedisStore(url=redis_url, prefix="wrong", timeout=1.0),
-        clock=ManualClock(), fail_modes={"user": "closed"})
+        {"user": [token_bucket(5, 0)]},
+        store=RedisStore(url=redis_url, prefix="wrong", timeout=1.0),
+        clock=ManualClock(),
+        fail_modes={"user": "closed"},
+    )
     limiter.acquire({"user": "ok"})
     broken = limiter._plan({"user": "broken"}, None).store_plan.keys[0]
     redis_server.client().lpush(broken, "not a bucket")  # the script's GET fails: WRONGTYPE
@@ -256,18 +282,28 @@ def test_while_redis_is_down_each_item_gets_its_levels_fail_modes(unreachable_re
     limiter = HierarchicalLimiter.from_config(
         {"user": [token_bucket(10, 1)], "team": [token_bucket(10, 1)], "global": [token_bucket(8, 0)]},
         store=RedisStore(url=unreachable_redis_url, prefix="down"),
-        fail_modes={"user": "open", "team": "closed",
-                    "global": {"fail_mode": "local", "fallback_fraction": 0.25}})
-    decisions = acquire_batch([(limiter, keys) for keys in (
-        {"user": "u"}, {"user": "u", "team": "t"}, {"global": "*"}, {"global": "*"}, {"global": "*"})])
+        fail_modes={"user": "open", "team": "closed", "global": {"fail_mode": "local", "fallback_fraction": 0.25}},
+    )
+    decisions = acquire_batch(
+        [
+            (limiter, keys)
+            for keys in ({"user": "u"}, {"user": "u", "team": "t"}, {"global": "*"}, {"global": "*"}, {"global": "*"})
+        ]
+    )
     assert all(d.degraded for d in decisions)
     assert [(d.allowed, d.reason) for d in decisions] == [
-        (True, "OK"), (False, "STORE_UNAVAILABLE"), (True, "OK"), (True, "OK"), (False, "RATE_LIMITED")]
+        (True, "OK"),
+        (False, "STORE_UNAVAILABLE"),
+        (True, "OK"),
+        (True, "OK"),
+        (False, "RATE_LIMITED"),
+    ]
 
 
 def test_a_batch_on_the_servers_clock_decides_at_redis_time(redis_url):
-    limiter = HierarchicalLimiter.from_config({"user": [fixed_window(3, 3600)]},
-                                              store=RedisStore(url=redis_url, prefix="time"))
+    limiter = HierarchicalLimiter.from_config(
+        {"user": [fixed_window(3, 3600)]}, store=RedisStore(url=redis_url, prefix="time")
+    )
     decisions = acquire_batch([(limiter, {"user": "u"})] * 4)
     assert [d.allowed for d in decisions] == [True, True, True, False]
     assert 0 < decisions[3].retry_after <= 3600
@@ -275,7 +311,8 @@ def test_a_batch_on_the_servers_clock_decides_at_redis_time(redis_url):
 
 def test_one_batch_spans_stores_of_both_kinds_in_order(redis_url, clock):
     on_redis = HierarchicalLimiter.from_config(
-        {"user": [token_bucket(2, 0)]}, store=RedisStore(url=redis_url, prefix="both"), clock=clock)
+        {"user": [token_bucket(2, 0)]}, store=RedisStore(url=redis_url, prefix="both"), clock=clock
+    )
     in_memory = HierarchicalLimiter.from_config({"user": [token_bucket(1, 0)]}, clock=clock)
     move_to(clock, 5)
     decisions = acquire_batch([(on_redis, {"user": "u"}), (in_memory, {"user": "u"})] * 2)

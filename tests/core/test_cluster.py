@@ -86,8 +86,7 @@ def test_one_decision_is_one_script_call_on_one_node(store, redis_cluster_server
         client = node.client()
         client.config_resetstat()
         client.close()
-    decisions = [limiter.acquire({"user": f"u{i % 4}", "team": f"t{i % 7}", "global": "*"})
-                 for i in range(40)]
+    decisions = [limiter.acquire({"user": f"u{i % 4}", "team": f"t{i % 7}", "global": "*"}) for i in range(40)]
     assert {d.allowed for d in decisions} == {True, False}
     assert script_calls(redis_cluster_servers) == 40
 
@@ -95,7 +94,7 @@ def test_one_decision_is_one_script_call_on_one_node(store, redis_cluster_server
 def test_the_split_global_level_never_admits_more_than_its_limit_and_fills_when_spread(store):
     limiter = limiter_on(store, {"team": [token_bucket(1000, 0)], "global": [token_bucket(160, 0)]})
     admitted = collections.Counter()
-    for round_ in range(40):
+    for _round in range(40):
         for team in range(100):
             admitted[team] += limiter.acquire({"team": f"team-{team}", "global": "*"}).allowed
     # Each of the 16 sub-buckets holds 10; 100 teams all flooding fill every one of them.
@@ -139,8 +138,7 @@ def test_per_team_and_per_user_limits_stay_exact(store):
 
 def test_a_batch_on_the_cluster_decides_as_one_after_the_other(store, redis_cluster_url):
     limiter = limiter_on(store)
-    items = [(limiter, {"user": f"u{i % 5}", "team": f"t{i % 9}", "global": "*"}, 1, None)
-             for i in range(120)]
+    items = [(limiter, {"user": f"u{i % 5}", "team": f"t{i % 9}", "global": "*"}, 1, None) for i in range(120)]
     batched = acquire_batch(items)
     alone = store_from_url(redis_cluster_url, timeout=1.0, prefix="alone", global_mode="split")
     one_by_one = limiter_on(alone)
@@ -179,6 +177,7 @@ def test_a_reset_of_a_split_level_empties_every_sub_bucket(store):
 
 # --- the leased global budget ----------------------------------------------------------------
 
+
 class Ticks:
     """The lease interval's clock, moved by hand."""
 
@@ -195,10 +194,18 @@ def leasing(redis_cluster_url):
 
     def make(fraction=0.1, prefix="la"):
         ticks = Ticks()
-        store = ClusterStore(url=redis_cluster_url, timeout=1.0, global_mode="lease", lease_fraction=fraction,
-                             lease_interval=1.0, lease_clock=ticks, prefix=prefix)
+        store = ClusterStore(
+            url=redis_cluster_url,
+            timeout=1.0,
+            global_mode="lease",
+            lease_fraction=fraction,
+            lease_interval=1.0,
+            lease_clock=ticks,
+            prefix=prefix,
+        )
         made.append(store)
         return store, ticks
+
     yield make
     for store in made:
         store.close()
@@ -277,8 +284,9 @@ def test_a_leased_reservation_settles_into_the_slice(leasing):
 
 def test_a_dead_pool_applies_the_fail_mode_and_gives_nothing_away(leasing, redis_cluster_servers):
     store, _ = leasing(fraction=0.1)
-    limiter = HierarchicalLimiter.from_config({"global": [token_bucket(100, 0)]}, store=store,
-                                              clock=ManualClock(), fail_modes={"global": "closed"})
+    limiter = HierarchicalLimiter.from_config(
+        {"global": [token_bucket(100, 0)]}, store=store, clock=ManualClock(), fail_modes={"global": "closed"}
+    )
     assert limiter.acquire({"global": "*"}).allowed
     store.pool_breaker.open_until = float("inf")  # as if the pool's node had failed three times
     budget = next(iter(store._budgets.values()))
@@ -310,8 +318,9 @@ def test_a_batch_after_the_library_was_flushed_everywhere_loads_it_and_counts_on
         client = node.client()
         client.execute_command("FUNCTION", "FLUSH")
         client.close()
-    batch = acquire_batch([(limiter, {"user": f"u{i}", "team": f"t{i % 7}", "global": "*"}, 1, None)
-                           for i in range(40)])
+    batch = acquire_batch(
+        [(limiter, {"user": f"u{i}", "team": f"t{i % 7}", "global": "*"}, 1, None) for i in range(40)]
+    )
     assert not any(d.degraded for d in batch)
     per_team = collections.Counter(f"t{i % 7}" for i, d in enumerate(batch) if d.allowed)
     # Team limit 5: t0 had one before the flush; nothing counted twice.

@@ -9,8 +9,7 @@ from core import RULES, ConfigError, HierarchicalLimiter, Param, Rule, register
 
 from .helpers import fixed_window, token_bucket
 
-BUILT_IN = {"token_bucket", "gcra", "sliding_window", "sliding_window_counter", "fixed_window",
-            "concurrency"}
+BUILT_IN = {"token_bucket", "gcra", "sliding_window", "sliding_window_counter", "fixed_window", "concurrency"}
 
 
 def config_error(config, priorities=None):
@@ -27,10 +26,8 @@ BAD_RULES = {
     "negative param": (token_bucket(-1, 1), "team[1].capacity", "greater than 0"),
     "zero capacity": (token_bucket(0, 1), "team[1].capacity", "greater than 0"),
     "negative refill": (token_bucket(5, -1), "team[1].per_second", "at least 0"),
-    "zero window": ({"type": "sliding_window", "limit": 5, "window": 0}, "team[1].window",
-                    "greater than 0"),
-    "zero fixed window": ({"type": "fixed_window", "limit": 5, "window": 0}, "team[1].window",
-                          "greater than 0"),
+    "zero window": ({"type": "sliding_window", "limit": 5, "window": 0}, "team[1].window", "greater than 0"),
+    "zero fixed window": ({"type": "fixed_window", "limit": 5, "window": 0}, "team[1].window", "greater than 0"),
     "unknown param": ({**token_bucket(5, 1), "refill": 2}, "team[1]", "'refill'"),
     "string number": (token_bucket("5", 1), "team[1].capacity", "number"),
     "bool number": (token_bucket(True, 1), "team[1].capacity", "number"),
@@ -113,15 +110,13 @@ def test_defaults_fill_in_optional_params():
 LEVELS = {"user": [token_bucket(5, 1)], "global": [token_bucket(100, 10)]}
 
 BAD_PRIORITIES = {
-    "unknown level": ({"batch": {"watermark": 0.2, "levels": ["team"]}}, "priorities.batch.levels[0]",
-                      "'team'"),
+    "unknown level": ({"batch": {"watermark": 0.2, "levels": ["team"]}}, "priorities.batch.levels[0]", "'team'"),
     "watermark of one": ({"batch": {"watermark": 1}}, "priorities.batch.watermark", "1"),
     "watermark above one": ({"batch": {"watermark": 1.5}}, "priorities.batch.watermark", "1"),
     "negative watermark": ({"batch": {"watermark": -0.1}}, "priorities.batch.watermark", "0"),
     "nan watermark": ({"batch": {"watermark": math.nan}}, "priorities.batch.watermark", "number"),
     "string watermark": ({"batch": {"watermark": "0.2"}}, "priorities.batch.watermark", "number"),
-    "levels not a list": ({"batch": {"watermark": 0.2, "levels": "global"}},
-                          "priorities.batch.levels", "list"),
+    "levels not a list": ({"batch": {"watermark": 0.2, "levels": "global"}}, "priorities.batch.levels", "list"),
     "unknown field": ({"batch": {"watermark": 0.2, "floor": 3}}, "priorities.batch", "'floor'"),
     "not a mapping": ({"batch": 0.2}, "priorities.batch", "watermark"),
 }

@@ -10,8 +10,8 @@ check; sleeping here only paces a stream or polls, it never aims at an edge.
 """
 
 import contextlib
-import statistics
 import gc
+import statistics
 import threading
 import time
 
@@ -28,8 +28,7 @@ CONFIG = {
     "team": [token_bucket(100, 0)],
     "global": [token_bucket(8, 0)],
 }
-FAIL_MODES = {"user": "open", "team": "closed",
-              "global": {"fail_mode": "local", "fallback_fraction": 0.25}}
+FAIL_MODES = {"user": "open", "team": "closed", "global": {"fail_mode": "local", "fallback_fraction": 0.25}}
 USER, TEAM, GLOBAL = {"user": "u"}, {"team": "t"}, {"global": "*"}
 EVERY_LEVEL = {**USER, **TEAM, **GLOBAL}
 # The most a call may take while Redis is down: the 50 ms timeout plus a generous margin.
@@ -37,8 +36,7 @@ LONGEST_CALL = 0.25
 
 
 def limiter_on(url):
-    return HierarchicalLimiter.from_config(CONFIG, store=RedisStore(url=url, prefix="fail"),
-                                           fail_modes=FAIL_MODES)
+    return HierarchicalLimiter.from_config(CONFIG, store=RedisStore(url=url, prefix="fail"), fail_modes=FAIL_MODES)
 
 
 def timed(call, *args, **kwargs):
@@ -209,8 +207,7 @@ def test_once_the_breaker_is_open_one_call_at_a_time_tries_a_frozen_redis(dispos
 # --- Redis answers, with an error ------------------------------------------------------------
 
 
-def test_a_redis_out_of_memory_gets_each_levels_fail_mode_rather_than_an_exception(
-        disposable_redis):
+def test_a_redis_out_of_memory_gets_each_levels_fail_mode_rather_than_an_exception(disposable_redis):
     # A Redis at maxmemory refuses the script's writes: that is the store failing, so it
     # must reach the limiter as StoreUnavailable (one error type per layer), not escape.
     limiter = limiter_on(disposable_redis.url)
@@ -222,8 +219,7 @@ def test_a_redis_out_of_memory_gets_each_levels_fail_mode_rather_than_an_excepti
 
 
 @pytest.mark.slow
-def test_a_probe_that_meets_a_redis_error_does_not_keep_the_breaker_open_for_good(
-        disposable_redis):
+def test_a_probe_that_meets_a_redis_error_does_not_keep_the_breaker_open_for_good(disposable_redis):
     limiter = limiter_on(disposable_redis.url)
     assert not limiter.acquire(TEAM).degraded
     disposable_redis.kill()
@@ -274,8 +270,7 @@ def test_killing_redis_mid_stream_turns_each_level_to_its_fail_mode(disposable_r
     limiter = limiter_on(disposable_redis.url)
     log, lock = [], threading.Lock()
     start = time.monotonic()
-    threads = [threading.Thread(target=stream_decisions, args=(limiter, start + 1.0, log, lock))
-               for _ in range(4)]
+    threads = [threading.Thread(target=stream_decisions, args=(limiter, start + 1.0, log, lock)) for _ in range(4)]
     for thread in threads:
         thread.start()
     time.sleep(0.3)

@@ -7,8 +7,18 @@ import pytest
 
 from core import Decision, InvalidRequest, Param, Rule, register
 
-from .helpers import (TICK, allowed_in_a_row, concurrency, fixed_window, gcra, move_to,
-                      sliding_window, sliding_window_counter, state_of, token_bucket)
+from .helpers import (
+    TICK,
+    allowed_in_a_row,
+    concurrency,
+    fixed_window,
+    gcra,
+    move_to,
+    sliding_window,
+    sliding_window_counter,
+    state_of,
+    token_bucket,
+)
 
 # --- what a decision says ------------------------------------------------------------------
 
@@ -38,8 +48,9 @@ def test_a_denial_waits_for_the_slowest_rule_and_names_it(build, clock):
 
 
 def test_a_denial_reports_the_blocking_rules_label_as_its_reason(build):
-    limiter = build({"user": [token_bucket(5, 1, label="BURST_LIMIT")],
-                     "team": [token_bucket(1, 1, label="TEAM_LIMIT")]})
+    limiter = build(
+        {"user": [token_bucket(5, 1, label="BURST_LIMIT")], "team": [token_bucket(1, 1, label="TEAM_LIMIT")]}
+    )
     limiter.acquire({"user": "u", "team": "t"})
     assert limiter.acquire({"user": "u", "team": "t"}).reason == "TEAM_LIMIT"
 
@@ -85,7 +96,9 @@ def test_explain_predicts_the_decision_acquire_then_makes(build, clock):
     assert predicted == actual
     assert not actual.allowed and actual.reason == "BURST"
     assert [(row["name"], row["wait"]) for row in rows] == [
-        ("user: token_bucket(2, 1/s)", 1.0), ("team: fixed_window(5/60s)", 0.0)]
+        ("user: token_bucket(2, 1/s)", 1.0),
+        ("team: fixed_window(5/60s)", 0.0),
+    ]
 
 
 def test_explain_reports_each_rules_room_before_any_take(build):
@@ -265,8 +278,7 @@ def test_a_shadow_rule_at_another_level_is_counted_but_not_enforced(build):
     limiter = build({"user": [token_bucket(10, 0)], "team": [fixed_window(1, 60, shadow=True)]})
     results = [limiter.acquire({"user": "u", "team": "t"}) for _ in range(3)]
     assert all(d.allowed for d in results)
-    assert [d.shadow_blocked for d in results] == [
-        (), ("team: fixed_window(1/60s)",), ("team: fixed_window(1/60s)",)]
+    assert [d.shadow_blocked for d in results] == [(), ("team: fixed_window(1/60s)",), ("team: fixed_window(1/60s)",)]
     assert state_of(limiter, "team", "t")["used"] == 1.0
 
 

@@ -23,8 +23,7 @@ def test_a_memory_url_gives_a_fresh_memory_store():
     assert store_from_url("memory://") is not store
 
 
-@pytest.mark.parametrize("url", ["mongodb://localhost/0", "memcached://x", "nonsense", "", None],
-                         ids=repr)
+@pytest.mark.parametrize("url", ["mongodb://localhost/0", "memcached://x", "nonsense", "", None], ids=repr)
 def test_an_unknown_scheme_is_a_config_error(url):
     with pytest.raises(ConfigError) as raised:
         store_from_url(url)
@@ -42,8 +41,7 @@ def test_a_store_base_class_names_the_method_a_subclass_forgot():
 
 def test_the_store_keeps_one_entry_per_rule_and_key(build):
     store = MemoryStore()
-    limiter = build({"user": [token_bucket(5, 1), sliding_window(5, 60)], "team": [token_bucket(9, 1)]},
-                    store=store)
+    limiter = build({"user": [token_bucket(5, 1), sliding_window(5, 60)], "team": [token_bucket(9, 1)]}, store=store)
     limiter.acquire({"user": "a", "team": "t"})
     limiter.acquire({"user": "b", "team": "t"})
     assert len(store) == 5  # 2 users x 2 rules + 1 team

@@ -4,8 +4,15 @@ import pytest
 
 from core import InvalidRequest
 
-from .helpers import (allowed_in_a_row, concurrency, fixed_window, gcra, sliding_window,
-                      sliding_window_counter, token_bucket)
+from .helpers import (
+    allowed_in_a_row,
+    concurrency,
+    fixed_window,
+    gcra,
+    sliding_window,
+    sliding_window_counter,
+    token_bucket,
+)
 
 PRIORITIES = {"batch": {"watermark": 0.2, "levels": ["global"]}, "interactive": {"watermark": 0}}
 
@@ -61,16 +68,16 @@ def test_the_watermark_does_not_apply_at_levels_the_class_does_not_list(build):
 
 
 def test_a_class_without_levels_guards_the_global_level(build):
-    limiter = build({"user": [token_bucket(10, 1)], "global": [token_bucket(10, 1)]},
-                    {"batch": {"watermark": 0.5}})
-    assert allowed_in_a_row(limiter, {"user": "u", "global": "*"}, 6, priority="batch") == \
-        [True] * 5 + [False]
+    limiter = build({"user": [token_bucket(10, 1)], "global": [token_bucket(10, 1)]}, {"batch": {"watermark": 0.5}})
+    assert allowed_in_a_row(limiter, {"user": "u", "global": "*"}, 6, priority="batch") == [True] * 5 + [False]
     assert allowed_in_a_row(limiter, {"user": "v"}, 10, priority="batch") == [True] * 10
 
 
 def test_a_class_may_guard_several_levels(build):
-    limiter = build({"user": [token_bucket(10, 1)], "team": [token_bucket(10, 1)]},
-                    {"batch": {"watermark": 0.5, "levels": ["user", "team"]}})
+    limiter = build(
+        {"user": [token_bucket(10, 1)], "team": [token_bucket(10, 1)]},
+        {"batch": {"watermark": 0.5, "levels": ["user", "team"]}},
+    )
     assert allowed_in_a_row(limiter, {"user": "u"}, 6, priority="batch") == [True] * 5 + [False]
     assert allowed_in_a_row(limiter, {"team": "t"}, 6, priority="batch") == [True] * 5 + [False]
 

@@ -16,12 +16,20 @@ from collections import Counter
 import pytest
 import redis
 
-from core import (RULES, ConfigError, HierarchicalLimiter, ManualClock, store_from_url)
+from core import RULES, ConfigError, HierarchicalLimiter, ManualClock, store_from_url
 from core.stores.connections import IDLE_CHECK, HeldConnections
 from core.stores.redis import RedisStore, lua_body, lua_source
 
-from .helpers import (concurrency, fixed_window, gcra, register_lifetime_quota, sliding_window,
-                      sliding_window_counter, state_of, token_bucket)
+from .helpers import (
+    concurrency,
+    fixed_window,
+    gcra,
+    register_lifetime_quota,
+    sliding_window,
+    sliding_window_counter,
+    state_of,
+    token_bucket,
+)
 from .lua_loss import losing_the_lua, redis_without_functions  # noqa: F401 (fixtures)
 
 # --- helpers --------------------------------------------------------------------------------
@@ -47,8 +55,7 @@ def redis_limiter(url, config, prefix, timeout=GENEROUS_TIMEOUT, **options):
     return HierarchicalLimiter.from_config(config, store=store, **options)
 
 
-def decide_in_threads(url, prefix, config, key_sets, process, threads, requests, start, results,
-                      plugins=()):
+def decide_in_threads(url, prefix, config, key_sets, process, threads, requests, start, results, plugins=()):
     """One process's share of a flood: its own limiter and client on the shared Redis, on the
     server's clock; `threads` threads, each making `requests` decisions. Runs in a child."""
     for name in plugins:
@@ -84,10 +91,13 @@ def flood_from_processes(url, prefix, config, key_sets, requests=1, plugins=()):
     per user, how many decisions were degraded, and any exception raised."""
     context = multiprocessing.get_context("spawn")  # a clean child: no inherited pool or locks
     start, results = context.Barrier(PROCESSES), context.Queue()
-    children = [context.Process(target=decide_in_threads,
-                                args=(url, prefix, config, key_sets, p, THREADS, requests,
-                                      start, results, plugins))
-                for p in range(PROCESSES)]
+    children = [
+        context.Process(
+            target=decide_in_threads,
+            args=(url, prefix, config, key_sets, p, THREADS, requests, start, results, plugins),
+        )
+        for p in range(PROCESSES)
+    ]
     for child in children:
         child.start()
     try:
@@ -126,11 +136,9 @@ def test_four_processes_of_fifty_threads_get_exactly_fifty_from_a_bucket_of_fift
 @pytest.mark.slow
 def test_four_processes_stop_at_the_team_limit_and_denials_take_nothing_from_the_users(redis_url):
     # Ten users of 8 tokens (80) in one team of 50: the team binds. 400 requests in all.
-    config = {"user": [token_bucket(8, 0)], "team": [token_bucket(50, 0)],
-              "global": [token_bucket(1000, 0)]}
+    config = {"user": [token_bucket(8, 0)], "team": [token_bucket(50, 0)], "global": [token_bucket(1000, 0)]}
     key_sets = [{"user": f"user-{u}", "team": "acme", "global": "*"} for u in range(10)]
-    admitted, degraded, errors = flood_from_processes(redis_url, "teams", config, key_sets,
-                                                      requests=2)
+    admitted, degraded, errors = flood_from_processes(redis_url, "teams", config, key_sets, requests=2)
     assert errors == [] and degraded == 0
     assert sum(admitted.values()) == 50
     limiter = redis_limiter(redis_url, config, "teams")
@@ -144,13 +152,13 @@ def test_four_processes_stop_at_the_team_limit_and_denials_take_nothing_from_the
 
 
 @pytest.mark.slow
-def test_four_processes_get_exactly_the_quota_of_a_plug_in_rule_decided_optimistically(
-        redis_url, lifetime_quota):
+def test_four_processes_get_exactly_the_quota_of_a_plug_in_rule_decided_optimistically(redis_url, lifetime_quota):
     # A plug-in has no Lua twin: WATCH/MULTI must keep it exact under contention too, and
     # contention is not an outage: no decision may fall back to a fail mode for it.
     config = {"user": [{**lifetime_quota, "total": 50}]}
     admitted, degraded, errors = flood_from_processes(
-        redis_url, "optimistic", config, [{"user": "hot"}], requests=3, plugins=[QUOTA])
+        redis_url, "optimistic", config, [{"user": "hot"}], requests=3, plugins=[QUOTA]
+    )
     assert errors == []
     assert (admitted["hot"], degraded) == (50, 0)
 
@@ -191,8 +199,7 @@ SCRIPT_COMMANDS = {name.lower() for name in re.findall(r"redis\.call\('(\w+)'", 
 
 def stream_of_decisions(limiter, count):
     """`count` decisions over a few key sets: allowed ones, denials, some holding a lease."""
-    return [limiter.acquire({"user": f"user-{i % 3}", "team": "acme", "global": "*"})
-            for i in range(count)]
+    return [limiter.acquire({"user": f"user-{i % 3}", "team": "acme", "global": "*"}) for i in range(count)]
 
 
 def test_each_decision_is_one_fcall_in_commandstats(redis_url, redis_server):
@@ -240,25 +247,27 @@ def test_the_client_sends_nothing_but_one_fcall_per_decision(redis_url, redis_se
 
 # --- the Lua lost by the server: a restart without persistence, a flush --------------------
 
+
 def test_a_server_without_functions_gets_every_decision_by_one_evalsha(redis_without_functions):
     limiter = redis_limiter(redis_without_functions.url, EVERY_RULE, "old")
     stream_of_decisions(limiter, 1)  # FCALL is unknown: the store goes over to EVALSHA
     assert commands_sent(redis_without_functions, limiter, 20) == ["EVALSHA"] * 20
 
 
-def test_the_library_is_named_by_the_hash_of_its_source_and_leaves_other_versions_alone(
-        redis_url, redis_server):
+def test_the_library_is_named_by_the_hash_of_its_source_and_leaves_other_versions_alone(redis_url, redis_server):
     admin = redis_server.client()
     # Another deployment's library, loaded before ours: a different hash, a different name.
-    admin.function_load("#!lua name=limiter_admin_0000000000000000\n"
-                        "redis.register_function('limiter_admin_decide_0000000000000000',"
-                        " function() return 'the other version' end)", replace=True)
+    admin.function_load(
+        "#!lua name=limiter_admin_0000000000000000\n"
+        "redis.register_function('limiter_admin_decide_0000000000000000',"
+        " function() return 'the other version' end)",
+        replace=True,
+    )
     limiter = redis_limiter(redis_url, EVERY_RULE, "versions")
     assert limiter.acquire({"user": "u", "team": "t", "global": "*"}).allowed
     digest = hashlib.sha1(lua_body().encode()).hexdigest()[:16]
     assert limiter.store.library == f"limiter_admin_{digest}"
-    libraries = {dict(zip(entry[::2], entry[1::2]))[b"library_name"].decode()
-                 for entry in admin.function_list()}
+    libraries = {dict(zip(entry[::2], entry[1::2]))[b"library_name"].decode() for entry in admin.function_list()}
     assert {f"limiter_admin_{digest}", "limiter_admin_0000000000000000"} <= libraries
     assert admin.fcall("limiter_admin_decide_0000000000000000", 0) == b"the other version"
 
@@ -295,8 +304,7 @@ def test_reservations_survive_losing_the_lua_and_count_nothing_twice(losing_the_
     assert state_of(limiter, "team", "t")["in_flight"] == 0
 
 
-def test_losing_the_lua_under_a_flood_of_threads_counts_every_admitted_request_once(
-        losing_the_lua):
+def test_losing_the_lua_under_a_flood_of_threads_counts_every_admitted_request_once(losing_the_lua):
     url, flush = losing_the_lua
     config = {"user": [token_bucket(1000, 0)], "team": [sliding_window(1000, 3600)]}
     limiter = redis_limiter(url, config, "flushes", clock=ManualClock())
@@ -331,8 +339,7 @@ def test_losing_the_lua_under_a_flood_of_threads_counts_every_admitted_request_o
 PING = b"*1\r\n$4\r\nPING\r\n"
 
 
-def test_a_held_connection_the_server_closed_while_it_sat_idle_is_opened_again_before_use(
-        redis_url, redis_server):
+def test_a_held_connection_the_server_closed_while_it_sat_idle_is_opened_again_before_use(redis_url, redis_server):
     clock = ManualClock()
     client = redis.Redis.from_url(redis_url)
     held = HeldConnections(client.connection_pool, clock=clock)
@@ -390,7 +397,8 @@ def test_a_compact_key_is_the_prefix_and_a_hash_tag_of_10_characters(redis_url, 
     # The name depends on the level, the key and the rule, and on nothing else.
     again = redis_limiter(redis_url, EVERY_RULE, "la")
     assert again.store.prepare(again._plan({"user": "u1"}, None).checks).keys == tuple(
-        limiter.store.prepare(limiter._plan({"user": "u1"}, None).checks).keys)
+        limiter.store.prepare(limiter._plan({"user": "u1"}, None).checks).keys
+    )
 
 
 def test_a_key_format_must_be_known(redis_url):
@@ -424,8 +432,7 @@ def test_two_prefixes_on_one_server_share_nothing(redis_url):
 @pytest.mark.parametrize("clock_kind", ["server clock", "injected clock"])
 def test_every_limiter_key_has_a_ttl_after_a_mixed_workload(redis_url, redis_server, clock_kind):
     clock = ManualClock(1000.0) if clock_kind == "injected clock" else None
-    limiter = redis_limiter(redis_url, EVERY_RULE, "ttl", clock=clock,
-                            priorities={"batch": {"watermark": 0.5}})
+    limiter = redis_limiter(redis_url, EVERY_RULE, "ttl", clock=clock, priorities={"batch": {"watermark": 0.5}})
     held = []
     for i in range(60):
         keys = {"user": f"user-{i % 4}", "team": f"team-{i % 2}", "global": "*"}
@@ -443,8 +450,13 @@ def test_every_limiter_key_has_a_ttl_after_a_mixed_workload(redis_url, redis_ser
     keys = limiter_keys(client, "ttl")
     # Every rule has state somewhere (the key names cannot say which rule: worked out here).
     used = {"user": [f"user-{n}" for n in range(4)], "team": ["team-0", "team-1"], "global": ["*"]}
-    holding = {(level, i) for level, rules in limiter.levels.items() for i, rule in enumerate(rules)
-               for key in used[level] if limiter.store.key_name(level, key, rule) in keys}
+    holding = {
+        (level, i)
+        for level, rules in limiter.levels.items()
+        for i, rule in enumerate(rules)
+        for key in used[level]
+        if limiter.store.key_name(level, key, rule) in keys
+    }
     assert len(holding) == 7
     no_expiry = [key for key in keys if not client.pttl(key) > 0]
     assert no_expiry == []
@@ -453,8 +465,7 @@ def test_every_limiter_key_has_a_ttl_after_a_mixed_workload(redis_url, redis_ser
 # --- the optimistic path of plug-in rules ----------------------------------------------------
 
 
-def test_a_denial_on_the_optimistic_path_after_a_log_emptied_raises_nothing(redis_url,
-                                                                            lifetime_quota):
+def test_a_denial_on_the_optimistic_path_after_a_log_emptied_raises_nothing(redis_url, lifetime_quota):
     # Rewriting a log with no entry left once sent RPUSH without values: a ResponseError.
     clock = ManualClock()
     config = {"user": [{**lifetime_quota, "total": 1}, sliding_window(5, 10)]}
@@ -479,12 +490,12 @@ BESIDE_A_PLUG_IN = {
 
 @pytest.mark.parametrize("spec", BESIDE_A_PLUG_IN.values(), ids=BESIDE_A_PLUG_IN.keys())
 def test_a_denial_on_the_optimistic_path_leaves_the_other_rules_expiry_alone(
-        redis_url, redis_server, lifetime_quota, spec):
+    redis_url, redis_server, lifetime_quota, spec
+):
     # Beside a plug-in, built-in rules are written from Python. A denial takes nothing, so
     # no state may come out of it expiring sooner than it went in: a state that expires
     # early is a limit that starts afresh early.
-    limiter = redis_limiter(redis_url, {"user": [{**lifetime_quota, "total": 2}, spec]},
-                            "expiry", clock=ManualClock())
+    limiter = redis_limiter(redis_url, {"user": [{**lifetime_quota, "total": 2}, spec]}, "expiry", clock=ManualClock())
     assert [limiter.acquire({"user": "u"}).allowed for _ in range(2)] == [True, True]
     client = redis_server.client()
     key = limiter.store.key_name("user", "u", limiter.levels["user"][1])
@@ -516,8 +527,7 @@ def test_store_options_pass_through_the_url(redis_url, redis_server):
 # --- readiness ------------------------------------------------------------------------------
 
 
-def test_a_ping_answers_when_redis_does_and_raises_store_unavailable_when_not(
-        redis_url, unreachable_redis_url):
+def test_a_ping_answers_when_redis_does_and_raises_store_unavailable_when_not(redis_url, unreachable_redis_url):
     from core import MemoryStore, StoreUnavailable
 
     MemoryStore().ping()  # in this process: nothing to ask

@@ -10,15 +10,35 @@ import threading
 
 import pytest
 
-from core import (HierarchicalLimiter, InvalidRequest, ManualClock, Param, Reservation,
-                  ReservationNotFound, ReservationSettled, Rule, Settlement, StoreUnavailable,
-                  register)
+from core import (
+    HierarchicalLimiter,
+    InvalidRequest,
+    ManualClock,
+    Param,
+    Reservation,
+    ReservationNotFound,
+    ReservationSettled,
+    Rule,
+    Settlement,
+    StoreUnavailable,
+    register,
+)
 from core.reservations import DEFAULT_HOLD
 from core.stores.redis import RedisStore
 
-from .helpers import (TICK, LifetimeQuota, concurrency, fixed_window, gcra, move_to,
-                      register_lifetime_quota, sliding_window, sliding_window_counter, state_of,
-                      token_bucket)
+from .helpers import (
+    TICK,
+    LifetimeQuota,
+    concurrency,
+    fixed_window,
+    gcra,
+    move_to,
+    register_lifetime_quota,
+    sliding_window,
+    sliding_window_counter,
+    state_of,
+    token_bucket,
+)
 
 KEYS = {"user": "u"}
 
@@ -95,8 +115,7 @@ def test_a_cost_that_can_never_fit_is_refused_without_a_reservation(build):
 
 
 def test_a_reservation_keeps_the_priority_watermark(build):
-    limiter = build({"global": [token_bucket(100, 0)]},
-                    priorities={"batch": {"watermark": 0.2}})
+    limiter = build({"global": [token_bucket(100, 0)]}, priorities={"batch": {"watermark": 0.2}})
     everyone = {"global": "*"}
     decision, reservation = limiter.reserve(everyone, cost=80, priority="batch")
     assert decision.allowed and reservation.priority == "batch"
@@ -294,8 +313,9 @@ def test_a_shadow_rule_that_took_gets_its_refund(build):
 
 
 def test_every_level_gets_the_same_adjustment(build):
-    limiter = build({"user": [token_bucket(100, 0)], "team": [fixed_window(500, 60)],
-                     "global": [sliding_window(1000, 60)]})
+    limiter = build(
+        {"user": [token_bucket(100, 0)], "team": [fixed_window(500, 60)], "global": [sliding_window(1000, 60)]}
+    )
     keys = {"user": "u", "team": "t", "global": "*"}
     _, reservation = limiter.reserve(keys, cost=100)
     limiter.settle(reservation.id, 40)
@@ -551,8 +571,7 @@ def redis_limiter(url, config, clock=None, **options):
     return HierarchicalLimiter.from_config(config, store=store, clock=clock, **options)
 
 
-def test_the_record_on_redis_expires_with_its_hold_and_keeps_its_ttl_once_settled(redis_url,
-                                                                                   redis_server):
+def test_the_record_on_redis_expires_with_its_hold_and_keeps_its_ttl_once_settled(redis_url, redis_server):
     limiter = redis_limiter(redis_url, {"user": [token_bucket(100, 1)]}, ManualClock())
     _, reservation = limiter.reserve(KEYS, cost=10, hold=30)
     admin, key = redis_server.client(), limiter.store.reservation_key(reservation.id)
@@ -563,8 +582,10 @@ def test_the_record_on_redis_expires_with_its_hold_and_keeps_its_ttl_once_settle
 
 
 def test_no_key_on_redis_lives_forever_after_reserving_and_settling(redis_url, redis_server):
-    config = {"user": [token_bucket(100, 1), sliding_window(100, 60), concurrency(5)],
-              "team": [fixed_window(100, 60), sliding_window_counter(100, 60), gcra(1, 100)]}
+    config = {
+        "user": [token_bucket(100, 1), sliding_window(100, 60), concurrency(5)],
+        "team": [fixed_window(100, 60), sliding_window_counter(100, 60), gcra(1, 100)],
+    }
     limiter = redis_limiter(redis_url, config, ManualClock(100))
     keys = {"user": "u", "team": "t"}
     for actual in (None, 0, 1, 20, 50):
@@ -588,8 +609,7 @@ def test_on_the_servers_clock_a_reservation_is_taken_at_redis_time(redis_url, re
 
 
 def test_a_reservation_and_its_settlement_are_one_script_call_each(redis_url, redis_server):
-    limiter = redis_limiter(redis_url, {"user": [token_bucket(100, 1)], "team": [concurrency(3)]},
-                            ManualClock())
+    limiter = redis_limiter(redis_url, {"user": [token_bucket(100, 1)], "team": [concurrency(3)]}, ManualClock())
     keys = {"user": "u", "team": "t"}
     limiter.acquire(keys)  # loads the library
     admin = redis_server.client()
@@ -604,11 +624,12 @@ def test_a_reservation_and_its_settlement_are_one_script_call_each(redis_url, re
 FAIL_MODES = {"user": "open", "team": "closed"}
 
 
-def test_while_redis_is_down_a_reservation_is_decided_by_the_fail_modes_and_kept_nowhere(
-        unreachable_redis_url):
+def test_while_redis_is_down_a_reservation_is_decided_by_the_fail_modes_and_kept_nowhere(unreachable_redis_url):
     limiter = HierarchicalLimiter.from_config(
         {"user": [token_bucket(10, 1)], "team": [token_bucket(10, 1)]},
-        store=RedisStore(url=unreachable_redis_url, prefix="down"), fail_modes=FAIL_MODES)
+        store=RedisStore(url=unreachable_redis_url, prefix="down"),
+        fail_modes=FAIL_MODES,
+    )
     decision, reservation = limiter.reserve({"user": "u"})
     assert (decision.allowed, decision.degraded, reservation) == (True, True, None)
     decision, reservation = limiter.reserve({"user": "u", "team": "t"})

@@ -4,8 +4,7 @@ import math
 
 import pytest
 
-from .helpers import (TICK, allowed_in_a_row, fixed_window, move_to, sliding_window,
-                      sliding_window_counter, state_of)
+from .helpers import TICK, allowed_in_a_row, fixed_window, move_to, sliding_window, sliding_window_counter, state_of
 
 WINDOWS = {
     "fixed_window": fixed_window,

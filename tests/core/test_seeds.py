@@ -39,10 +39,16 @@ def test_a_window_of_two_per_ten_seconds_opens_again_after_ten_point_one_seconds
 
 def gateway(rpm, burst, clock):
     """Seed 000's gateway: requests per minute, then a burst bucket that never refills."""
-    return HierarchicalLimiter.from_config({"tenant": [
-        sliding_window(rpm, 60, label="RPM_LIMIT", counts="requests"),
-        token_bucket(burst, 0, label="BURST_LIMIT"),
-    ]}, store=MemoryStore(), clock=clock)
+    return HierarchicalLimiter.from_config(
+        {
+            "tenant": [
+                sliding_window(rpm, 60, label="RPM_LIMIT", counts="requests"),
+                token_bucket(burst, 0, label="BURST_LIMIT"),
+            ]
+        },
+        store=MemoryStore(),
+        clock=clock,
+    )
 
 
 def test_the_gateway_reports_burst_limit_on_the_third_call_while_rpm_has_room(clock):
@@ -57,8 +63,7 @@ def test_the_gateway_reports_burst_limit_on_the_third_call_while_rpm_has_room(cl
     assert state_of(limiter, "tenant", "t", 0)["used"] == 2
 
 
-def test_eighty_threads_against_a_burst_of_fifty_get_exactly_fifty_allows(
-        clock, frequent_thread_switches):
+def test_eighty_threads_against_a_burst_of_fifty_get_exactly_fifty_allows(clock, frequent_thread_switches):
     limiter = gateway(rpm=100, burst=50, clock=clock)
     start = threading.Barrier(80)
     results = []
@@ -151,10 +156,12 @@ def test_a_plugged_in_deny_list_denies_mallory_and_leaves_the_team_token_to_alic
         def wait_for_key(self, key, now, cost):
             return math.inf if key in self.keys else 0.0
 
-    limiter = build({
-        "user": [{"type": DenyList.type_name, "keys": ["mallory"], "label": "DENY_LISTED"}],
-        "team": [token_bucket(1, 1)],
-    })
+    limiter = build(
+        {
+            "user": [{"type": DenyList.type_name, "keys": ["mallory"], "label": "DENY_LISTED"}],
+            "team": [token_bucket(1, 1)],
+        }
+    )
     denied = limiter.acquire({"user": "mallory", "team": "t"})
     assert not denied.allowed
     assert denied.reason == "DENY_LISTED"

@@ -81,11 +81,16 @@ def server(redis_url, redis_server):
 
 
 def redis_stats(url, clock, **options):
-    return DenialStats(client=redis.Redis.from_url(url, socket_timeout=2), clock=clock,
-                       flush_every=options.pop("flush_every", None), **options)
+    return DenialStats(
+        client=redis.Redis.from_url(url, socket_timeout=2),
+        clock=clock,
+        flush_every=options.pop("flush_every", None),
+        **options,
+    )
 
 
 # --- what is counted --------------------------------------------------------------------------
+
 
 def test_it_counts_denials_by_blocked_by_most_first(new_stats):
     stats = new_stats()
@@ -126,11 +131,13 @@ def test_allowed_decisions_count_as_decisions_not_as_denials(new_stats):
     assert [entry["denied"] for entry in report["blocked_by"]] == [1]
 
 
-def test_a_degraded_denial_counts_under_its_levels_store_unavailable(new_stats, unreachable_redis_url,
-                                                                     clock):
-    limiter = HierarchicalLimiter.from_config({"team": [token_bucket(100, 10)]},
-                                              store=RedisStore(url=unreachable_redis_url),
-                                              clock=clock, fail_modes={"team": "closed"})
+def test_a_degraded_denial_counts_under_its_levels_store_unavailable(new_stats, unreachable_redis_url, clock):
+    limiter = HierarchicalLimiter.from_config(
+        {"team": [token_bucket(100, 10)]},
+        store=RedisStore(url=unreachable_redis_url),
+        clock=clock,
+        fail_modes={"team": "closed"},
+    )
     stats = new_stats()
     decision = limiter.acquire({"team": "acme"})
     assert decision.degraded and not decision.allowed
@@ -142,7 +149,8 @@ def test_a_degraded_denial_counts_under_its_levels_store_unavailable(new_stats, 
 
 def test_it_counts_a_real_limiters_decisions_under_the_limiters_own_names(new_stats, clock):
     limiter = HierarchicalLimiter.from_config(
-        {"user": [token_bucket(2, 0)], "team": [token_bucket(100, 0)]}, store=MemoryStore(), clock=clock)
+        {"user": [token_bucket(2, 0)], "team": [token_bucket(100, 0)]}, store=MemoryStore(), clock=clock
+    )
     stats = new_stats()
     decisions = []
     for _ in range(5):
@@ -167,6 +175,7 @@ def test_a_denial_without_blocked_by_or_key_at_its_level_counts_as_a_denial_only
 
 
 # --- windows and the series -------------------------------------------------------------------
+
 
 def test_a_denial_61_minutes_ago_is_outside_a_one_hour_window_and_59_minutes_ago_inside(new_stats, clock):
     stats = new_stats()
@@ -243,16 +252,19 @@ def test_it_refuses_a_window_that_is_not_within_retention(new_stats, window):
     assert refused.value.field == "window"
 
 
-@pytest.mark.parametrize("field, value", [("step", 30), ("step", 90), ("step", 0), ("step", "60"),
-                                          ("top", 0), ("top", 101), ("top", 1.5), ("top", True)])
+@pytest.mark.parametrize(
+    "field, value",
+    [("step", 30), ("step", 90), ("step", 0), ("step", "60"), ("top", 0), ("top", 101), ("top", 1.5), ("top", True)],
+)
 def test_it_refuses_a_bad_step_or_top(new_stats, field, value):
     with pytest.raises(InvalidRequest) as refused:
         new_stats().report(HOUR, **{field: value})
     assert refused.value.field == field
 
 
-@pytest.mark.parametrize("option, value", [("top_k", 0), ("top_k", 2.5), ("retention", 30),
-                                           ("flush_every", 0), ("flush_every", math.nan)])
+@pytest.mark.parametrize(
+    "option, value", [("top_k", 0), ("top_k", 2.5), ("retention", 30), ("flush_every", 0), ("flush_every", math.nan)]
+)
 def test_it_refuses_options_that_cannot_work(option, value):
     with pytest.raises(ConfigError) as refused:
         DenialStats(**{option: value})
@@ -260,6 +272,7 @@ def test_it_refuses_options_that_cannot_work(option, value):
 
 
 # --- bounded memory ---------------------------------------------------------------------------
+
 
 def test_ten_thousand_distinct_keys_in_a_minute_leave_top_k_per_level(new_stats, kind, request, clock):
     stats = new_stats(top_k=20)
@@ -303,11 +316,16 @@ def test_every_redis_key_expires_once_no_window_can_read_it(redis_url, server, c
     stats.record(keys(), ALLOWED)
     stats.flush()
     m0, h0 = minute_of(START), int(START // HOUR) * HOUR
-    assert sorted(server.keys("*")) == sorted([
-        f"la:{{stats}}:m:{m0}", f"la:{{stats}}:m:{m0 + MINUTE}",  # each minute's totals
-        f"la:{{stats}}:k:{m0}:team", f"la:{{stats}}:k:{m0}:user",  # the minute's denied keys
-        f"la:{{stats}}:h:{h0}:team", f"la:{{stats}}:h:{h0}:user",  # and the hour's
-    ])
+    assert sorted(server.keys("*")) == sorted(
+        [
+            f"la:{{stats}}:m:{m0}",
+            f"la:{{stats}}:m:{m0 + MINUTE}",  # each minute's totals
+            f"la:{{stats}}:k:{m0}:team",
+            f"la:{{stats}}:k:{m0}:user",  # the minute's denied keys
+            f"la:{{stats}}:h:{h0}:team",
+            f"la:{{stats}}:h:{h0}:user",  # and the hour's
+        ]
+    )
     # A bucket is readable by a window of `retention` until its end plus retention.
     for name in server.keys("la:{stats}:[mk]:*"):
         assert 0 < server.ttl(name) <= HOUR + 2 * MINUTE
@@ -316,6 +334,7 @@ def test_every_redis_key_expires_once_no_window_can_read_it(redis_url, server, c
 
 
 # --- flushing ---------------------------------------------------------------------------------
+
 
 def test_record_touches_nothing_in_redis_and_a_flush_is_one_multi_exec(redis_url, server, clock):
     stats = redis_stats(redis_url, clock)
@@ -370,14 +389,12 @@ def test_two_workers_counts_add_up(redis_url, clock):
     worker_a.flush()
     for report in (worker_b.report(MINUTE), worker_a.report(MINUTE)):
         assert (report["decisions"], report["denied"]) == (8, 7)
-        assert report["top_keys"] == {"team": [{"key": "acme", "denied": 1}],
-                                      "user": [{"key": "u1", "denied": 6}]}
+        assert report["top_keys"] == {"team": [{"key": "acme", "denied": 1}], "user": [{"key": "u1", "denied": 6}]}
 
 
 def test_counts_are_thread_safe(new_stats, frequent_thread_switches):
     stats = new_stats()
-    threads = [threading.Thread(target=lambda: [stats.record(keys(), denial()) for _ in range(2000)])
-               for _ in range(8)]
+    threads = [threading.Thread(target=lambda: [stats.record(keys(), denial()) for _ in range(2000)]) for _ in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -401,6 +418,7 @@ def test_a_forked_worker_counts_its_own_decisions_not_its_parents_buffer(redis_u
 
 
 # --- Redis down -------------------------------------------------------------------------------
+
 
 def test_with_redis_unreachable_record_and_flush_go_on_and_report_raises(unreachable_redis_url, clock):
     stats = DenialStats(client=connect(unreachable_redis_url), clock=clock, flush_every=None)

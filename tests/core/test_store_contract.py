@@ -16,12 +16,18 @@ import redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from core import (RULES, HierarchicalLimiter, LimiterError, ManualClock, MemoryStore,
-                  acquire_batch)
+from core import RULES, HierarchicalLimiter, LimiterError, ManualClock, MemoryStore, acquire_batch
 from core.stores.redis import RedisStore
 
-from .helpers import (concurrency, fixed_window, gcra, register_lifetime_quota, sliding_window,
-                      sliding_window_counter, token_bucket)
+from .helpers import (
+    concurrency,
+    fixed_window,
+    gcra,
+    register_lifetime_quota,
+    sliding_window,
+    sliding_window_counter,
+    token_bucket,
+)
 
 # All six rule types over three levels, with a label, a rule that counts requests, a bucket
 # that never refills, a shadow rule and a priority watermark at two levels.
@@ -29,8 +35,7 @@ from .helpers import (concurrency, fixed_window, gcra, register_lifetime_quota, 
 CONFIG = {
     "user": [token_bucket(3, 1, label="USER_BURST"), sliding_window(3, 10, counts="requests")],
     "team": [gcra(1, 2.5), fixed_window(3, 5), concurrency(2, lease=7)],
-    "global": [sliding_window_counter(6, 4), token_bucket(8, 0),
-               token_bucket(2, 0.5, shadow=True)],
+    "global": [sliding_window_counter(6, 4), token_bucket(8, 0), token_bucket(2, 0.5, shadow=True)],
 }
 PRIORITIES = {"batch": {"watermark": 0.25, "levels": ["team", "global"]}}
 # For reservations, an exact log that counts cost too: its refunds come off logged entries.
@@ -104,18 +109,19 @@ class Batch:
 
 
 USERS, TEAMS = ("ann", "bob"), ("red", "blue")
-keys_strategy = st.fixed_dictionaries({}, optional={
-    "user": st.sampled_from(USERS), "team": st.sampled_from(TEAMS), "global": st.just("*")})
-costs = st.one_of(st.sampled_from([1, 2, 0.5, 0.25, 1.5, 3]),
-                  st.floats(min_value=0.01, max_value=5, allow_nan=False))
+keys_strategy = st.fixed_dictionaries(
+    {}, optional={"user": st.sampled_from(USERS), "team": st.sampled_from(TEAMS), "global": st.just("*")}
+)
+costs = st.one_of(st.sampled_from([1, 2, 0.5, 0.25, 1.5, 3]), st.floats(min_value=0.01, max_value=5, allow_nan=False))
 priorities = st.sampled_from([None, None, "batch"])
-seconds = st.one_of(st.sampled_from([0.0, 1e-6, 0.25, 0.5, 1.0, 2.0, 2.5, 4.0, 5.0, 7.0, 10.0]),
-                    st.floats(min_value=0, max_value=12, allow_nan=False))
+seconds = st.one_of(
+    st.sampled_from([0.0, 1e-6, 0.25, 0.5, 1.0, 2.0, 2.5, 4.0, 5.0, 7.0, 10.0]),
+    st.floats(min_value=0, max_value=12, allow_nan=False),
+)
 others = st.one_of(
     st.none(),
     st.builds(Explain, keys_strategy, costs, priorities),
-    st.builds(Inspect, st.sampled_from(["user", "team", "global"]),
-              st.sampled_from(USERS + TEAMS + ("*",))),
+    st.builds(Inspect, st.sampled_from(["user", "team", "global"]), st.sampled_from(USERS + TEAMS + ("*",))),
     st.builds(Release, st.integers(0, 20)),
     st.builds(Advance, seconds),
     st.builds(AdvanceToRetry),
@@ -126,14 +132,17 @@ steps = st.tuples(st.builds(Acquire, keys_strategy, costs, priorities), others)
 starts = st.sampled_from([0.0, 1000.0, 1_700_000_000.25])  # the last: Unix time, as on Redis
 # Reservations, their settlements (refunds, charges into debt, cancels), and batches.
 acquires = st.builds(Acquire, keys_strategy, costs, priorities)
-settles = st.builds(Settle, st.integers(0, 20),
-                    st.one_of(st.none(), st.sampled_from([0, 1, 2.5, 6]),
-                              st.floats(min_value=0, max_value=8, allow_nan=False)))
+settles = st.builds(
+    Settle,
+    st.integers(0, 20),
+    st.one_of(st.none(), st.sampled_from([0, 1, 2.5, 6]), st.floats(min_value=0, max_value=8, allow_nan=False)),
+)
 # Each step: a request or a reservation, then perhaps a settlement, perhaps something else,
 # perhaps a batch (separate slots, as hypothesis flattens nested one_of into equal branches).
 reservation_steps = st.tuples(
-    st.one_of(acquires, st.builds(Reserve, keys_strategy, costs, priorities,
-                                  st.sampled_from([None, None, 1.0, 3.0, 10.0]))),
+    st.one_of(
+        acquires, st.builds(Reserve, keys_strategy, costs, priorities, st.sampled_from([None, None, 1.0, 3.0, 10.0]))
+    ),
     st.one_of(st.none(), settles),
     others,
     st.one_of(st.none(), st.none(), st.builds(Batch, st.lists(acquires, max_size=6).map(tuple))),
@@ -159,8 +168,9 @@ def assert_same_rows(on_memory, on_redis):
     assert len(on_redis) == len(on_memory)
     for memory_row, redis_row in zip(on_memory, on_redis):
         numbers = {"wait", "remaining", "state"}
-        assert {k: v for k, v in redis_row.items() if k not in numbers} == \
-            {k: v for k, v in memory_row.items() if k not in numbers}
+        assert {k: v for k, v in redis_row.items() if k not in numbers} == {
+            k: v for k, v in memory_row.items() if k not in numbers
+        }
         for field in numbers & set(memory_row):
             assert redis_row[field] == close(memory_row[field]), field
 
@@ -171,8 +181,9 @@ def settle_both(memory, on_redis, held, redis_held, actual_cost):
     for limiter, reservation in ((memory, held), (on_redis, redis_held)):
         try:
             settlement = limiter.settle(reservation.id, actual_cost)
-            outcomes.append(("settled", settlement.status, settlement.refunded, settlement.charged,
-                             settlement.released))
+            outcomes.append(
+                ("settled", settlement.status, settlement.refunded, settlement.charged, settlement.released)
+            )
         except LimiterError as error:
             outcomes.append((type(error).__name__,))
     assert outcomes[1] == outcomes[0]
@@ -185,12 +196,12 @@ def replay(steps, clock, memory, on_redis):
         if isinstance(op, Reserve):
             (decision, held), (redis_decision, redis_held) = (
                 memory.reserve(op.keys, op.cost, op.priority, op.hold),
-                on_redis.reserve(op.keys, op.cost, op.priority, op.hold))
+                on_redis.reserve(op.keys, op.cost, op.priority, op.hold),
+            )
             assert_same_decision(decision, redis_decision)
             assert (held is None) == (redis_held is None)
             if held is not None:
-                assert redis_held.to_dict() == {**held.to_dict(), "id": redis_held.id,
-                                                "lease": redis_held.lease}
+                assert redis_held.to_dict() == {**held.to_dict(), "id": redis_held.id, "lease": redis_held.lease}
                 reservations.append((held, redis_held))
             elif not decision.allowed:
                 last_wait = decision.retry_after
@@ -201,13 +212,14 @@ def replay(steps, clock, memory, on_redis):
                 assert_same_rows(memory.inspect(level, key), on_redis.inspect(level, key))
         elif isinstance(op, Batch):
             items = [(op.keys, op.cost, op.priority) for op in op.requests]
-            for decision, redis_decision in zip(acquire_batch([(memory, *item) for item in items]),
-                                                acquire_batch([(on_redis, *item) for item in items]),
-                                                strict=True):
+            for decision, redis_decision in zip(
+                acquire_batch([(memory, *item) for item in items]),
+                acquire_batch([(on_redis, *item) for item in items]),
+                strict=True,
+            ):
                 assert_same_decision(decision, redis_decision)
         elif isinstance(op, Acquire):
-            pair = (memory.acquire(op.keys, op.cost, op.priority),
-                    on_redis.acquire(op.keys, op.cost, op.priority))
+            pair = (memory.acquire(op.keys, op.cost, op.priority), on_redis.acquire(op.keys, op.cost, op.priority))
             assert_same_decision(*pair)
             if pair[0].lease:
                 leases.append((op.keys, *pair))
@@ -216,7 +228,8 @@ def replay(steps, clock, memory, on_redis):
         elif isinstance(op, Explain):
             (decision, rows), (redis_decision, redis_rows) = (
                 memory.explain(op.keys, op.cost, op.priority),
-                on_redis.explain(op.keys, op.cost, op.priority))
+                on_redis.explain(op.keys, op.cost, op.priority),
+            )
             assert_same_decision(decision, redis_decision)
             assert_same_rows(rows, redis_rows)
         elif isinstance(op, Inspect):
@@ -248,11 +261,9 @@ def lifetime_quota():
 
 
 def both_stores(config, clock, client):
-    memory = HierarchicalLimiter.from_config(config, store=MemoryStore(), clock=clock,
-                                             priorities=PRIORITIES)
+    memory = HierarchicalLimiter.from_config(config, store=MemoryStore(), clock=clock, priorities=PRIORITIES)
     store = RedisStore(client=client, prefix=f"contract{next(_prefixes)}")
-    return memory, HierarchicalLimiter.from_config(config, store=store, clock=clock,
-                                                   priorities=PRIORITIES)
+    return memory, HierarchicalLimiter.from_config(config, store=store, clock=clock, priorities=PRIORITIES)
 
 
 class TestBothStoresDecideAlike:
@@ -267,11 +278,15 @@ class TestBothStoresDecideAlike:
     # Found by this test: ann's only log entry has left the window when the gcra denies,
     # and rewriting her emptied log sent RPUSH without values. Kept as an explicit example:
     # should it come back, it fails at once, without a long shrink through Redis.
-    @example(start=0.0, ops=[(Acquire({"user": "ann", "team": "red"}, 2, None), Advance(10.0)),
-                             (Acquire({"team": "red"}, 2, None), None),
-                             (Acquire({"user": "ann", "team": "red"}, 2, None), None)])
-    def test_when_a_plug_in_sends_a_level_down_the_optimistic_path(self, redis_client,
-                                                                   lifetime_quota, start, ops):
+    @example(
+        start=0.0,
+        ops=[
+            (Acquire({"user": "ann", "team": "red"}, 2, None), Advance(10.0)),
+            (Acquire({"team": "red"}, 2, None), None),
+            (Acquire({"user": "ann", "team": "red"}, 2, None), None),
+        ],
+    )
+    def test_when_a_plug_in_sends_a_level_down_the_optimistic_path(self, redis_client, lifetime_quota, start, ops):
         # The team's built-in rules are then read and written from Python (WATCH/MULTI)
         # rather than by their Lua twins: their state must round-trip exactly.
         config = {**CONFIG, "team": [{"type": QUOTA, "total": 30}, *CONFIG["team"]]}
@@ -291,8 +306,7 @@ class TestBothStoresSettleAlike:
 
     @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(start=starts, ops=st.lists(reservation_steps, min_size=5, max_size=30))
-    def test_when_a_plug_in_sends_a_level_down_the_optimistic_path(self, redis_client,
-                                                                   lifetime_quota, start, ops):
+    def test_when_a_plug_in_sends_a_level_down_the_optimistic_path(self, redis_client, lifetime_quota, start, ops):
         config = {**SETTLING_CONFIG, "team": [{"type": QUOTA, "total": 30}, *CONFIG["team"]]}
         clock = ManualClock(start)
         replay(ops, clock, *both_stores(config, clock, redis_client))

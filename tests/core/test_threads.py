@@ -15,10 +15,11 @@ USER_CAPACITY, TEAM_CAPACITY = 5, 12
 
 # Four teams of 5 users (25 user tokens > 12: the team binds) and one of 2 users
 # (10 user tokens < 12: the users bind).
-TEAMS = {**{f"team-{t}": [f"team-{t}-user-{u}" for u in range(5)] for t in range(4)},
-         "small-team": ["small-team-user-0", "small-team-user-1"]}
-KEY_SETS = [{"user": user, "team": team, "global": "*"}
-            for team, users in TEAMS.items() for user in users]
+TEAMS = {
+    **{f"team-{t}": [f"team-{t}-user-{u}" for u in range(5)] for t in range(4)},
+    "small-team": ["small-team-user-0", "small-team-user-1"],
+}
+KEY_SETS = [{"user": user, "team": team, "global": "*"} for team, users in TEAMS.items() for user in users]
 
 
 def expected_team_total(team):
@@ -47,11 +48,13 @@ def flood(limiter, passes=3):
 
 
 def three_levels(build, global_capacity):
-    return build({
-        "user": [token_bucket(USER_CAPACITY, 0)],
-        "team": [token_bucket(TEAM_CAPACITY, 0)],
-        "global": [token_bucket(global_capacity, 0)],
-    })
+    return build(
+        {
+            "user": [token_bucket(USER_CAPACITY, 0)],
+            "team": [token_bucket(TEAM_CAPACITY, 0)],
+            "global": [token_bucket(global_capacity, 0)],
+        }
+    )
 
 
 @pytest.mark.slow

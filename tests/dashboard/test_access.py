@@ -5,9 +5,14 @@ from django.contrib.auth import get_user_model
 
 from tests.dashboard.conftest import DASHBOARD, text
 
-PATHS = [DASHBOARD, DASHBOARD + "throttled/", DASHBOARD + "buckets/?level=team&key=acme",
-         DASHBOARD + "dry-run/?level=team&key=acme&cost=1", DASHBOARD + "health/",
-         DASHBOARD + "reset/?level=team&key=acme"]
+PATHS = [
+    DASHBOARD,
+    DASHBOARD + "throttled/",
+    DASHBOARD + "buckets/?level=team&key=acme",
+    DASHBOARD + "dry-run/?level=team&key=acme&cost=1",
+    DASHBOARD + "health/",
+    DASHBOARD + "reset/?level=team&key=acme",
+]
 
 
 @pytest.mark.parametrize("path", PATHS)

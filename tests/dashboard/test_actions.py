@@ -23,6 +23,7 @@ def tokens(engine, level, key, team=None):
 
 # --- reset --------------------------------------------------------------------------------
 
+
 def test_reset_first_asks_for_confirmation_and_resets_nothing(api, decide_client, console):
     decide(decide_client, {"team": "acme"}, cost=400)
     html = page(console, RESET, level="team", key="acme", team="")
@@ -95,9 +96,14 @@ def test_a_get_never_resets(api, decide_client, console):
     assert tokens(api, "team", "acme") == [600]
 
 
-@pytest.mark.parametrize("form, field", [
-    ({"level": "planet", "key": "acme"}, "level"), ({"level": "team", "key": ""}, "key"), ({"level": "team"}, "key"),
-])
+@pytest.mark.parametrize(
+    "form, field",
+    [
+        ({"level": "planet", "key": "acme"}, "level"),
+        ({"level": "team", "key": ""}, "key"),
+        ({"level": "team"}, "key"),
+    ],
+)
 def test_a_bad_reset_shows_a_form_error_and_resets_nothing(api, console, form, field):
     for response in (console.get(RESET, form), console.post(RESET, form)):
         assert response.status_code == 200
@@ -108,9 +114,10 @@ def test_a_bad_reset_shows_a_form_error_and_resets_nothing(api, console, form, f
 
 # --- dry run ------------------------------------------------------------------------------
 
+
 def decision(html):
     start = html.index('id="dry-run-decision"')
-    return text(html[html.index(">", start) + 1:html.index("</dl>", start)])
+    return text(html[html.index(">", start) + 1 : html.index("</dl>", start)])
 
 
 def test_a_dry_run_shows_the_decision_and_each_rules_wait_and_takes_nothing(api, decide_client, console):
@@ -119,11 +126,13 @@ def test_a_dry_run_shows_the_decision_and_each_rules_wait_and_takes_nothing(api,
     assert before == [pytest.approx(5, abs=1e-3)]
     html = page(console, DRY_RUN, level="team", key="acme", team="", cost="10", priority="")
     assert 'data-allowed="false"' in html
-    assert decision(html) == ("Denied (dry run: nothing taken) for team: acme, cost 10. "
-                              "retry_after 0.05 s blocked_by team: token_bucket(1000, 100/s) "
-                              "reason RATE_LIMITED remaining 5")
-    row = html[html.index('<tr data-rule="token_bucket(1000, 100/s)">'):]
-    assert text(row[:row.index("</tr>")]) == "team: token_bucket(1000, 100/s) 0.05 s 5"
+    assert decision(html) == (
+        "Denied (dry run: nothing taken) for team: acme, cost 10. "
+        "retry_after 0.05 s blocked_by team: token_bucket(1000, 100/s) "
+        "reason RATE_LIMITED remaining 5"
+    )
+    row = html[html.index('<tr data-rule="token_bucket(1000, 100/s)">') :]
+    assert text(row[: row.index("</tr>")]) == "team: token_bucket(1000, 100/s) 0.05 s 5"
     assert tokens(api, "team", "acme") == before
     html = page(console, DRY_RUN, level="team", key="acme", cost="5")
     assert 'data-allowed="true"' in html and "blocked_by nothing reason OK" in decision(html)
@@ -150,15 +159,22 @@ def test_the_page_renders_a_dry_run_without_javascript_too(api, console):
     assert f'hx-get="{DRY_RUN}" hx-target="#dry-run"' in html
 
 
-@pytest.mark.parametrize("query, field, message", [
-    ({"cost": "-1"}, "cost", "must be more than 0"),
-    ({"cost": "0"}, "cost", "must be more than 0"),
-    ({"cost": "lots"}, "cost", "Enter a number."),
-    ({"cost": "1e400"}, "cost", "Enter a number."),
-    ({"cost": "1", "priority": "vip"}, "priority", "Select a valid choice. vip is not one of the available choices."),
-    ({"cost": "1", "level": "planet"}, "level", "Select a valid choice."),
-    ({"cost": "1", "key": ""}, "key", "This field is required."),
-])
+@pytest.mark.parametrize(
+    "query, field, message",
+    [
+        ({"cost": "-1"}, "cost", "must be more than 0"),
+        ({"cost": "0"}, "cost", "must be more than 0"),
+        ({"cost": "lots"}, "cost", "Enter a number."),
+        ({"cost": "1e400"}, "cost", "Enter a number."),
+        (
+            {"cost": "1", "priority": "vip"},
+            "priority",
+            "Select a valid choice. vip is not one of the available choices.",
+        ),
+        ({"cost": "1", "level": "planet"}, "level", "Select a valid choice."),
+        ({"cost": "1", "key": ""}, "key", "This field is required."),
+    ],
+)
 def test_a_bad_dry_run_shows_a_form_error_never_a_500(api, console, query, field, message):
     query = {"level": "team", "key": "acme", "team": "", **query}
     for path in (DRY_RUN, DASHBOARD):

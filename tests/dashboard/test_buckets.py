@@ -9,29 +9,35 @@ from tests.dashboard.conftest import DASHBOARD, decide, page, text
 def rule_row(html, rule):
     """The text of the bucket table's row for `rule`."""
     start = html.index(">", html.index(f'<tr class="bucket-rule" data-rule="{rule}"')) + 1
-    return text(html[start:html.index("</tr>", start)])
+    return text(html[start : html.index("</tr>", start)])
 
 
 def test_every_rule_of_a_user_key_shows_its_tier_and_live_state(api, decide_client, console):
     decide(decide_client, {"user": "u1", "team": "acme", "global": "*"}, cost=30)
     html = page(console, level="user", key="u1", team="acme")
     acme, pro = Tenant.objects.get(key="acme"), Tier.objects.get(name="pro")
-    route = html[html.index('id="bucket-route"'):]
-    route = text(route[route.index(">") + 1:route.index("</p>")])
+    route = html[html.index('id="bucket-route"') :]
+    route = text(route[route.index(">") + 1 : route.index("</p>")])
     assert route == "user: u1 — tier pro, tenant acme refreshed every 3 s"
     assert f'href="/admin/policies/tier/{pro.pk}/change/"' in html
     assert f'href="/admin/policies/tenant/{acme.pk}/change/"' in html
-    assert rule_row(html, "token_bucket(50, 10/s)") == \
-        "token_bucket(50, 10/s) BURST_LIMIT tier: pro 20 / 50 tokens left 3 s"
-    assert rule_row(html, "sliding_window(600/60s)") == \
-        "sliding_window(600/60s) RPM_LIMIT tier: pro 30 / 600 used in the window 1 min"
+    assert (
+        rule_row(html, "token_bucket(50, 10/s)")
+        == "token_bucket(50, 10/s) BURST_LIMIT tier: pro 20 / 50 tokens left 3 s"
+    )
+    assert (
+        rule_row(html, "sliding_window(600/60s)")
+        == "sliding_window(600/60s) RPM_LIMIT tier: pro 30 / 600 used in the window 1 min"
+    )
     assert '<meter min="0" max="50.0" value="20.0"></meter>' in html
 
 
 def test_a_tenants_override_is_named_as_the_rules_origin(api, console):
     html = page(console, level="team", key="bigco")
-    assert rule_row(html, "token_bucket(600, 10/s)") == \
-        "token_bucket(600, 10/s) override: bigco 600 / 600 tokens left full now"
+    assert (
+        rule_row(html, "token_bucket(600, 10/s)")
+        == "token_bucket(600, 10/s) override: bigco 600 / 600 tokens left full now"
+    )
     assert "overrides apply until 2026-12-31 00:00 UTC" in text(html)
 
 
@@ -76,23 +82,31 @@ def test_a_key_is_exact_not_stripped(api, decide_client, console):
     assert rule_row(html, "token_bucket(100, 10/s)").startswith("token_bucket(100, 10/s) tier: free 95 / 100")
 
 
-@pytest.mark.parametrize("query, field, message", [
-    ({"level": "planet", "key": "acme"}, "level", "Select a valid choice. planet is not one of the available choices."),
-    ({"level": "team", "key": ""}, "key", "This field is required."),
-    ({"level": "team"}, "key", "This field is required."),
-    ({"level": "team", "key": "k" * 300}, "key", "Ensure this value has at most 256 characters (it has 300)."),
-    ({"level": "user", "key": "u1", "team": "t" * 300}, "team", "at most 256 characters"),
-])
+@pytest.mark.parametrize(
+    "query, field, message",
+    [
+        (
+            {"level": "planet", "key": "acme"},
+            "level",
+            "Select a valid choice. planet is not one of the available choices.",
+        ),
+        ({"level": "team", "key": ""}, "key", "This field is required."),
+        ({"level": "team"}, "key", "This field is required."),
+        ({"level": "team", "key": "k" * 300}, "key", "Ensure this value has at most 256 characters (it has 300)."),
+        ({"level": "user", "key": "u1", "team": "t" * 300}, "team", "at most 256 characters"),
+    ],
+)
 def test_a_bad_query_shows_a_form_error_never_a_500(api, console, query, field, message):
     for path in (DASHBOARD, DASHBOARD + "buckets/"):
         html = page(console, path, **query)
-        errors = text(html[html.index('id="bucket-errors"'):])
+        errors = text(html[html.index('id="bucket-errors"') :])
         assert f"{field} : {message}" in errors or (field in errors and message in errors)
         assert 'id="bucket-rules"' not in html
 
 
-def test_editing_a_tenants_limits_changes_the_next_decision_and_the_bucket_panel(api, load, policy_doc,
-                                                                                 decide_client, console):
+def test_editing_a_tenants_limits_changes_the_next_decision_and_the_bucket_panel(
+    api, load, policy_doc, decide_client, console
+):
     for _ in range(5):
         assert decide(decide_client, {"team": "acme"})["allowed"]
     assert "tier: pro 995 / 1000" in text(page(console, level="team", key="acme"))

@@ -15,7 +15,9 @@ HEALTH = DASHBOARD + "health/"
 
 def section(html, element_id):
     start = html.index(f'id="{element_id}"')
-    return text(html[html.index(">", start) + 1:html.index("</table>", start) if "</table>" in html[start:] else None])
+    return text(
+        html[html.index(">", start) + 1 : html.index("</table>", start) if "</table>" in html[start:] else None]
+    )
 
 
 def test_the_store_is_up(api, console):

@@ -43,8 +43,11 @@ def references(html):
 
 def test_the_dashboard_loads_only_local_static_files(api, decide_client, console):
     decide(decide_client, {"team": "acme"}, cost=1001)
-    for html in (page(console, level="team", key="acme", cost="1"), page(console, "/admin/"),
-                 page(console, DASHBOARD + "reset/", level="team", key="acme")):
+    for html in (
+        page(console, level="team", key="acme", cost="1"),
+        page(console, "/admin/"),
+        page(console, DASHBOARD + "reset/", level="team", key="acme"),
+    ):
         found = references(html)
         assert found.loaded
         for url in found.loaded:
@@ -56,8 +59,11 @@ def test_the_dashboard_loads_only_local_static_files(api, decide_client, console
 
 def test_the_dashboard_loads_htmx_and_chart_js_from_the_vendored_files(api, console):
     found = references(page(console))
-    assert {"/static/vendor/htmx/htmx.min.js", "/static/vendor/chartjs/chart.umd.min.js",
-            "/static/limiter_admin/dashboard.js"} <= set(found.loaded)
+    assert {
+        "/static/vendor/htmx/htmx.min.js",
+        "/static/vendor/chartjs/chart.umd.min.js",
+        "/static/limiter_admin/dashboard.js",
+    } <= set(found.loaded)
 
 
 def test_the_page_has_no_inline_script_only_its_chart_data(api, console):
@@ -74,8 +80,7 @@ def test_each_vendored_library_comes_with_its_licence(api):
 
 def commands(client):
     """Redis commands run since the last reset, by name."""
-    return {name.removeprefix("cmdstat_"): stats["calls"]
-            for name, stats in client.info("commandstats").items()}
+    return {name.removeprefix("cmdstat_"): stats["calls"] for name, stats in client.info("commandstats").items()}
 
 
 def render_everything(console):

@@ -21,7 +21,7 @@ def workload(api, decide_client):
 
 def test_the_totals_count_decisions_and_denials_in_each_window(workload, console):
     html = page(console)
-    totals = text(html[html.index('id="denial-totals"'):html.index("</table>", html.index('id="denial-totals"'))])
+    totals = text(html[html.index('id="denial-totals"') : html.index("</table>", html.index('id="denial-totals"'))])
     assert "5 min 15 5 33.3 %" in totals
     assert "1 h 15 5 33.3 %" in totals
     assert "24 h 15 5 33.3 %" in totals
@@ -29,7 +29,7 @@ def test_the_totals_count_decisions_and_denials_in_each_window(workload, console
 
 def test_denials_are_listed_by_blocked_by_in_every_window(workload, console):
     html = page(console)
-    table = text(html[html.index('id="blocked-by"'):])
+    table = text(html[html.index('id="blocked-by"') :])
     assert f"{USER_RULE} 3 3 3" in table
     assert f"{TEAM_RULE} 2 2 2" in table
     assert table.index(USER_RULE) < table.index(TEAM_RULE)  # most denied first
@@ -58,23 +58,23 @@ def test_the_24_hour_chart_has_a_bar_per_quarter_hour(workload, console):
 def test_old_denials_leave_the_short_window_but_not_the_long_ones(workload, console, clock):
     clock.advance(10 * 60)
     html = page(console)
-    totals = text(html[html.index('id="denial-totals"'):])
+    totals = text(html[html.index('id="denial-totals"') :])
     assert "5 min 0 0 0 %" in totals and "1 h 15 5 33.3 %" in totals
-    table = text(html[html.index('id="blocked-by"'):])
+    table = text(html[html.index('id="blocked-by"') :])
     assert f"{USER_RULE} 0 3 3" in table
 
 
 def test_the_most_throttled_tenants_and_users_link_to_their_tenant_page_and_buckets(workload, console):
     html = page(console)
     acme = Tenant.objects.get(key="acme")
-    top = html[html.index('id="top-keys"'):]
-    tenants = top[top.index('data-level="team"'):]
-    row = tenants[tenants.index('data-key="acme"'):tenants.index("</tr>", tenants.index('data-key="acme"'))]
+    top = html[html.index('id="top-keys"') :]
+    tenants = top[top.index('data-level="team"') :]
+    row = tenants[tenants.index('data-key="acme"') : tenants.index("</tr>", tenants.index('data-key="acme"'))]
     assert '<td class="denied">2</td>' in row
     assert f'href="/admin/policies/tenant/{acme.pk}/change/"' in row
     assert f'href="{DASHBOARD}?level=team&amp;key=acme#buckets"' in row
-    users = top[top.index('data-level="user"'):]
-    row = users[users.index('data-key="greedy"'):users.index("</tr>", users.index('data-key="greedy"'))]
+    users = top[top.index('data-level="user"') :]
+    row = users[users.index('data-key="greedy"') : users.index("</tr>", users.index('data-key="greedy"'))]
     assert '<td class="denied">3</td>' in row
     assert f'href="{DASHBOARD}?level=user&amp;key=greedy#buckets"' in row
     assert "tenant page" not in row
@@ -83,8 +83,8 @@ def test_the_most_throttled_tenants_and_users_link_to_their_tenant_page_and_buck
 def test_a_throttled_team_with_no_tenant_row_has_no_tenant_link(api, decide_client, console):
     decide(decide_client, {"team": "nobody"}, cost=101)  # the free team bucket holds 100
     html = page(console)
-    row = html[html.index('data-key="nobody"'):]
-    row = row[:row.index("</tr>")]
+    row = html[html.index('data-key="nobody"') :]
+    row = row[: row.index("</tr>")]
     assert "live buckets" in row and "tenant page" not in row
 
 

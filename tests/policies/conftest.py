@@ -11,7 +11,7 @@ from policies.compile import PolicyCache
 from policies.policyfile import load_policy
 
 # 2026-06-01T00:00:00Z: the tests' wall clock starts here.
-START = dt.datetime(2026, 6, 1, tzinfo=dt.timezone.utc)
+START = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
 
 POLICY = {
     "default_tier": "free",
@@ -26,8 +26,10 @@ POLICY = {
             "team": [{"type": "token_bucket", "capacity": 100, "per_second": 10}],
         },
         "pro": {
-            "user": [{"type": "sliding_window", "limit": 600, "window": 60, "label": "RPM_LIMIT"},
-                     {"type": "token_bucket", "capacity": 50, "per_second": 10, "label": "BURST_LIMIT"}],
+            "user": [
+                {"type": "sliding_window", "limit": 600, "window": 60, "label": "RPM_LIMIT"},
+                {"type": "token_bucket", "capacity": 50, "per_second": 10, "label": "BURST_LIMIT"},
+            ],
             "team": [{"type": "token_bucket", "capacity": 1000, "per_second": 100}],
         },
     },

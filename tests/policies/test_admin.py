@@ -27,14 +27,25 @@ def loaded(load, policy):
 def tier_form(tier, version=None, rules=None, **changes):
     """The POST of a tier's change page, as the browser would send it."""
     rules = list(tier.rules.all()) if rules is None else rules
-    data = {"name": tier.name, "opened_version": tier.version if version is None else version,
-            "rules-TOTAL_FORMS": len(rules), "rules-INITIAL_FORMS": len(rules),
-            "rules-MIN_NUM_FORMS": 0, "rules-MAX_NUM_FORMS": 1000}
+    data = {
+        "name": tier.name,
+        "opened_version": tier.version if version is None else version,
+        "rules-TOTAL_FORMS": len(rules),
+        "rules-INITIAL_FORMS": len(rules),
+        "rules-MIN_NUM_FORMS": 0,
+        "rules-MAX_NUM_FORMS": 1000,
+    }
     for i, rule in enumerate(rules):
-        data |= {f"rules-{i}-id": rule.pk, f"rules-{i}-tier": tier.pk, f"rules-{i}-level": rule.level_id,
-                 f"rules-{i}-type": rule.type, f"rules-{i}-params": json.dumps(rule.params),
-                 f"rules-{i}-label": rule.label, f"rules-{i}-counts": rule.counts,
-                 f"rules-{i}-position": rule.position}
+        data |= {
+            f"rules-{i}-id": rule.pk,
+            f"rules-{i}-tier": tier.pk,
+            f"rules-{i}-level": rule.level_id,
+            f"rules-{i}-type": rule.type,
+            f"rules-{i}-params": json.dumps(rule.params),
+            f"rules-{i}-label": rule.label,
+            f"rules-{i}-counts": rule.counts,
+            f"rules-{i}-position": rule.position,
+        }
         if rule.shadow:
             data[f"rules-{i}-shadow"] = "on"
     data.update(changes)
@@ -89,8 +100,16 @@ def test_a_save_of_a_tier_changed_since_it_was_opened_is_refused(client, operato
 def test_a_save_of_a_tenant_changed_since_it_was_opened_is_refused(client, operator, loaded):
     acme = Tenant.objects.get(key="acme")
     free = Tier.objects.get(name="free")
-    form = {"key": "acme", "tier": free.pk, "overrides_until": "", "opened_version": acme.version,
-            "rules-TOTAL_FORMS": 0, "rules-INITIAL_FORMS": 0, "rules-MIN_NUM_FORMS": 0, "rules-MAX_NUM_FORMS": 1000}
+    form = {
+        "key": "acme",
+        "tier": free.pk,
+        "overrides_until": "",
+        "opened_version": acme.version,
+        "rules-TOTAL_FORMS": 0,
+        "rules-INITIAL_FORMS": 0,
+        "rules-MIN_NUM_FORMS": 0,
+        "rules-MAX_NUM_FORMS": 1000,
+    }
     acme.overrides_until = None
     acme.save()  # someone else saved meanwhile
 
@@ -102,19 +121,32 @@ def test_a_save_of_a_tenant_changed_since_it_was_opened_is_refused(client, opera
 
 def level_form(level, **changes):
     """The POST of a level's change page, as it was opened."""
-    return {"name": level.name, "position": level.position, "fail_mode": level.fail_mode,
-            "fallback_fraction": level.fallback_fraction, "opened_version": level.version, **changes}
+    return {
+        "name": level.name,
+        "position": level.position,
+        "fail_mode": level.fail_mode,
+        "fallback_fraction": level.fallback_fraction,
+        "opened_version": level.version,
+        **changes,
+    }
 
 
 def priority_form(priority, **changes):
     """The POST of a priority class's change page, as it was opened."""
-    return {"name": priority.name, "watermark": priority.watermark,
-            "levels": [level.pk for level in priority.levels.all()], "opened_version": priority.version, **changes}
+    return {
+        "name": priority.name,
+        "watermark": priority.watermark,
+        "levels": [level.pk for level in priority.levels.all()],
+        "opened_version": priority.version,
+        **changes,
+    }
 
 
 def test_a_level_and_a_priority_page_carry_the_version_they_were_opened_at(client, operator, loaded):
-    for url in (f"/admin/policies/level/{Level.objects.get(name='team').pk}/change/",
-                f"/admin/policies/priorityclass/{PriorityClass.objects.get(name='batch').pk}/change/"):
+    for url in (
+        f"/admin/policies/level/{Level.objects.get(name='team').pk}/change/",
+        f"/admin/policies/priorityclass/{PriorityClass.objects.get(name='batch').pk}/change/",
+    ):
         page = client.get(url).content.decode()
         assert '<input type="hidden" name="opened_version" value="1"' in page, url
 
@@ -137,8 +169,11 @@ def test_a_save_of_a_level_changed_since_it_was_opened_is_refused(client, operat
 
     assert response.status_code == 200
     assert "This level changed since you opened it" in response.content.decode()
-    assert Level.objects.filter(pk=team.pk).values_list("fail_mode", "fallback_fraction", "version").get() == \
-        ("open", 0.5, 2)
+    assert Level.objects.filter(pk=team.pk).values_list("fail_mode", "fallback_fraction", "version").get() == (
+        "open",
+        0.5,
+        2,
+    )
 
 
 def test_a_save_of_a_priority_class_changed_since_it_was_opened_is_refused(client, operator, loaded):
@@ -270,10 +305,19 @@ def test_a_rule_saved_on_its_own_page_makes_an_open_tier_page_stale(client, oper
     pro = Tier.objects.get(name="pro")
     opened = tier_form(pro)  # the tier page as it was opened
     rule = pro.rules.first()
-    response = client.post(f"/admin/policies/rule/{rule.pk}/change/", {
-        "tier": pro.pk, "tenant": "", "level": rule.level_id, "type": rule.type,
-        "params": json.dumps({**rule.params, "limit": 700}), "label": rule.label,
-        "counts": rule.counts, "position": rule.position})
+    response = client.post(
+        f"/admin/policies/rule/{rule.pk}/change/",
+        {
+            "tier": pro.pk,
+            "tenant": "",
+            "level": rule.level_id,
+            "type": rule.type,
+            "params": json.dumps({**rule.params, "limit": 700}),
+            "label": rule.label,
+            "counts": rule.counts,
+            "position": rule.position,
+        },
+    )
     assert response.status_code == 302
     assert Tier.objects.get(pk=pro.pk).version == pro.version + 1
 
@@ -285,9 +329,19 @@ def test_a_rule_saved_on_its_own_page_makes_an_open_tier_page_stale(client, oper
 
 def test_a_global_rule_that_repeats_a_tiers_rule_is_refused_on_the_rule_page(client, operator, loaded):
     pro_team = Tier.objects.get(name="pro").rules.get(level__name="team")
-    response = client.post("/admin/policies/rule/add/", {
-        "tier": "", "tenant": "", "level": pro_team.level_id, "type": pro_team.type,
-        "params": json.dumps(pro_team.params), "label": "", "counts": "cost", "position": 0})
+    response = client.post(
+        "/admin/policies/rule/add/",
+        {
+            "tier": "",
+            "tenant": "",
+            "level": pro_team.level_id,
+            "type": pro_team.type,
+            "params": json.dumps(pro_team.params),
+            "label": "",
+            "counts": "cost",
+            "position": 0,
+        },
+    )
     assert response.status_code == 200
     assert "repeats rule" in response.content.decode()
     assert not Rule.objects.filter(tier=None, tenant=None, level=pro_team.level_id).exists()
@@ -333,8 +387,9 @@ def test_revoking_selected_tokens_stops_them_at_once(client, operator, tokens):
     script, script_token = tokens["ops-script"]
     assert find_token(gateway_token) is not None  # and now cached in this process
 
-    response = client.post("/admin/policies/servicetoken/", {"action": "revoke", "_selected_action": [gateway.pk]},
-                           follow=True)
+    response = client.post(
+        "/admin/policies/servicetoken/", {"action": "revoke", "_selected_action": [gateway.pk]}, follow=True
+    )
 
     assert "Revoked 1 token(s)" in response.content.decode()
     assert ServiceToken.objects.get(pk=gateway.pk).revoked_at is not None
@@ -348,8 +403,9 @@ def test_revoking_a_revoked_token_keeps_when_it_was_revoked(client, operator, to
     gateway, _ = tokens["gateway"]
     client.post("/admin/policies/servicetoken/", {"action": "revoke", "_selected_action": [gateway.pk]})
     first = ServiceToken.objects.get(pk=gateway.pk).revoked_at
-    response = client.post("/admin/policies/servicetoken/", {"action": "revoke", "_selected_action": [gateway.pk]},
-                           follow=True)
+    response = client.post(
+        "/admin/policies/servicetoken/", {"action": "revoke", "_selected_action": [gateway.pk]}, follow=True
+    )
     assert "Revoked 0 token(s)" in response.content.decode()
     assert ServiceToken.objects.get(pk=gateway.pk).revoked_at == first
 

@@ -23,13 +23,16 @@ def test_without_a_cluster_url_there_is_nothing_to_check(settings):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("name, value, named", [
-    ("REDIS_URL", "redis-cluster://127.0.0.1:7000,nowhere", "'nowhere' is not host:port"),
-    ("REDIS_URL", "redis-cluster://127.0.0.1:99999", "is not host:port"),
-    ("LIMITER_CLUSTER_SHARDS", 0, "shards"),
-    ("LIMITER_CLUSTER_GLOBAL_MODE", "sometimes", "global_mode"),
-    ("LIMITER_CLUSTER_LEASE_FRACTION", 1.5, "lease_fraction"),
-])
+@pytest.mark.parametrize(
+    "name, value, named",
+    [
+        ("REDIS_URL", "redis-cluster://127.0.0.1:7000,nowhere", "'nowhere' is not host:port"),
+        ("REDIS_URL", "redis-cluster://127.0.0.1:99999", "is not host:port"),
+        ("LIMITER_CLUSTER_SHARDS", 0, "shards"),
+        ("LIMITER_CLUSTER_GLOBAL_MODE", "sometimes", "global_mode"),
+        ("LIMITER_CLUSTER_LEASE_FRACTION", 1.5, "lease_fraction"),
+    ],
+)
 def test_bad_cluster_settings_are_a_start_up_error_that_names_them(settings, name, value, named):
     settings.REDIS_URL = "redis-cluster://127.0.0.1:7000,127.0.0.1:7001"
     setattr(settings, name, value)

@@ -11,14 +11,18 @@ from .conftest import START
 
 pytestmark = pytest.mark.django_db
 
-FAIL_MODES = {"user": {"fail_mode": "open"}, "team": {"fail_mode": "open"},
-              "global": {"fail_mode": "local", "fallback_fraction": 0.25}}
+FAIL_MODES = {
+    "user": {"fail_mode": "open"},
+    "team": {"fail_mode": "open"},
+    "global": {"fail_mode": "local", "fallback_fraction": 0.25},
+}
 PRIORITIES = {"interactive": {"watermark": 0.0}, "batch": {"watermark": 0.2, "levels": ["global"]}}
 
 
 def engine_from_dict(config, clock):
-    return HierarchicalLimiter.from_config(config, store=MemoryStore(), clock=clock,
-                                           priorities=PRIORITIES, fail_modes=FAIL_MODES)
+    return HierarchicalLimiter.from_config(
+        config, store=MemoryStore(), clock=clock, priorities=PRIORITIES, fail_modes=FAIL_MODES
+    )
 
 
 def run(decide, clock, team, requests):
@@ -31,19 +35,41 @@ def run(decide, clock, team, requests):
     return out
 
 
-@pytest.mark.parametrize("team, config", [
-    ("acme", {"user": [{"type": "sliding_window", "limit": 600, "window": 60, "label": "RPM_LIMIT"},
-                       {"type": "token_bucket", "capacity": 50, "per_second": 10, "label": "BURST_LIMIT"}],
-              "team": [{"type": "token_bucket", "capacity": 1000, "per_second": 100}],
-              "global": [{"type": "token_bucket", "capacity": 100000, "per_second": 10000}]}),
-    ("bigco", {"user": [{"type": "sliding_window", "limit": 600, "window": 60, "label": "RPM_LIMIT"},
-                        {"type": "token_bucket", "capacity": 50, "per_second": 10, "label": "BURST_LIMIT"}],
-               "team": [{"type": "token_bucket", "capacity": 600, "per_second": 10}],
-               "global": [{"type": "token_bucket", "capacity": 100000, "per_second": 10000}]}),
-    ("nobody-knows-us", {"user": [{"type": "token_bucket", "capacity": 10, "per_second": 1}],
-                         "team": [{"type": "token_bucket", "capacity": 100, "per_second": 10}],
-                         "global": [{"type": "token_bucket", "capacity": 100000, "per_second": 10000}]}),
-])
+@pytest.mark.parametrize(
+    "team, config",
+    [
+        (
+            "acme",
+            {
+                "user": [
+                    {"type": "sliding_window", "limit": 600, "window": 60, "label": "RPM_LIMIT"},
+                    {"type": "token_bucket", "capacity": 50, "per_second": 10, "label": "BURST_LIMIT"},
+                ],
+                "team": [{"type": "token_bucket", "capacity": 1000, "per_second": 100}],
+                "global": [{"type": "token_bucket", "capacity": 100000, "per_second": 10000}],
+            },
+        ),
+        (
+            "bigco",
+            {
+                "user": [
+                    {"type": "sliding_window", "limit": 600, "window": 60, "label": "RPM_LIMIT"},
+                    {"type": "token_bucket", "capacity": 50, "per_second": 10, "label": "BURST_LIMIT"},
+                ],
+                "team": [{"type": "token_bucket", "capacity": 600, "per_second": 10}],
+                "global": [{"type": "token_bucket", "capacity": 100000, "per_second": 10000}],
+            },
+        ),
+        (
+            "nobody-knows-us",
+            {
+                "user": [{"type": "token_bucket", "capacity": 10, "per_second": 1}],
+                "team": [{"type": "token_bucket", "capacity": 100, "per_second": 10}],
+                "global": [{"type": "token_bucket", "capacity": 100000, "per_second": 10000}],
+            },
+        ),
+    ],
+)
 def test_rows_decide_as_the_equivalent_engine_config(load, policy, worker, clock, team, config):
     load(policy)
     from_rows = run(worker().decide, clock, team, 200)
@@ -62,7 +88,8 @@ def test_the_policy_reads_the_rows_as_the_engine_config(load, policy):
     assert read.levels == ("user", "team", "global")
     assert read.default_tier == "free"
     assert read.config("pro", read.tenants["bigco"].overrides)["team"] == [
-        {"type": "token_bucket", "capacity": 600, "per_second": 10}]
+        {"type": "token_bucket", "capacity": 600, "per_second": 10}
+    ]
     assert read.priorities == PRIORITIES
     assert read.fail_modes["global"] == {"fail_mode": "local", "fallback_fraction": 0.25}
 
@@ -118,7 +145,8 @@ def test_a_warm_decision_does_no_database_query(load, policy, worker, django_ass
 
 
 def test_a_version_check_is_one_query_and_an_unchanged_policy_is_not_read_again(
-        load, policy, worker, django_assert_num_queries, clock):
+    load, policy, worker, django_assert_num_queries, clock
+):
     load(policy)
     cache = worker()
     keys = {"user": "u1", "team": "acme", "global": "*"}

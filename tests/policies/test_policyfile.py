@@ -28,11 +28,16 @@ def snapshot():
         "levels": list(Level.objects.values_list("name", "position", "fail_mode", "fallback_fraction", "version")),
         "tiers": list(Tier.objects.values_list("name", "version")),
         "tenants": list(Tenant.objects.values_list("key", "tier__name", "overrides_until", "version")),
-        "rules": sorted(Rule.objects.values_list(
-            "tier__name", "tenant__key", "level__name", "type", "params", "label", "shadow", "counts", "position"),
-            key=repr),
-        "priorities": [(p.name, p.watermark, sorted(lv.name for lv in p.levels.all()), p.version)
-                       for p in PriorityClass.objects.all()],
+        "rules": sorted(
+            Rule.objects.values_list(
+                "tier__name", "tenant__key", "level__name", "type", "params", "label", "shadow", "counts", "position"
+            ),
+            key=repr,
+        ),
+        "priorities": [
+            (p.name, p.watermark, sorted(lv.name for lv in p.levels.all()), p.version)
+            for p in PriorityClass.objects.all()
+        ],
         "default_tier": PolicySettings.objects.filter(pk=1).values_list("default_tier__name", flat=True).first(),
     }
 
@@ -86,28 +91,43 @@ def test_a_failure_while_writing_rolls_everything_back(tmp_path, load, policy, c
 
 def test_the_command_runs_as_a_process_and_exits_non_zero(tmp_path):
     bad = write(tmp_path, {"tiers": {"pro": {"user": [{"type": "leaky"}]}}})
-    result = subprocess.run([sys.executable, "manage.py", "loadpolicies", str(bad)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60,
-                            env={"PATH": "/usr/bin:/bin", "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}"})
+    result = subprocess.run(
+        [sys.executable, "manage.py", "loadpolicies", str(bad)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}"},
+    )
     assert result.returncode == 1
     assert f"{bad}: tiers.pro.user[0].type: unknown rule type 'leaky'" in result.stderr
 
 
-@pytest.mark.parametrize("change, path, reason", [
-    (lambda p: p["tiers"]["pro"]["user"][1].pop("capacity"), "tiers.pro.user[1].capacity", "is required"),
-    (lambda p: p["tiers"]["pro"].update(minute=[]), "tiers.pro.minute", "unknown level"),
-    (lambda p: p["tiers"].update(empty={}), "tiers.empty", "at least one rule"),
-    (lambda p: p.update(default_tier="gold"), "default_tier", "unknown tier 'gold'"),
-    (lambda p: p["tenants"]["acme"].update(tier="gold"), "tenants.acme.tier", "unknown tier"),
-    (lambda p: p["tenants"]["bigco"].update(overrides_until="soon"), "tenants.bigco.overrides_until", "date"),
-    (lambda p: p["priorities"]["batch"].update(levels=["region"]), "priorities.batch.levels[0]", "unknown level"),
-    (lambda p: p["priorities"]["batch"].update(watermark=1.5), "priorities.batch.watermark", "up to"),
-    (lambda p: p["levels"][2].update(fail_mode="maybe"), "levels[2].fail_mode", "must be one of"),
-    (lambda p: p["levels"].append({"name": "user"}), "levels[3].name", "appears twice"),
-    (lambda p: p["tiers"]["free"]["global"].append(p["global"][0]) if "global" in p["tiers"]["free"]
-     else p["tiers"]["free"].update({"global": list(p["global"])}), "tiers.free.global[1]", "repeats rule"),
-    (lambda p: p.update(tennants={}), "tennants", "unknown field"),
-])
+@pytest.mark.parametrize(
+    "change, path, reason",
+    [
+        (lambda p: p["tiers"]["pro"]["user"][1].pop("capacity"), "tiers.pro.user[1].capacity", "is required"),
+        (lambda p: p["tiers"]["pro"].update(minute=[]), "tiers.pro.minute", "unknown level"),
+        (lambda p: p["tiers"].update(empty={}), "tiers.empty", "at least one rule"),
+        (lambda p: p.update(default_tier="gold"), "default_tier", "unknown tier 'gold'"),
+        (lambda p: p["tenants"]["acme"].update(tier="gold"), "tenants.acme.tier", "unknown tier"),
+        (lambda p: p["tenants"]["bigco"].update(overrides_until="soon"), "tenants.bigco.overrides_until", "date"),
+        (lambda p: p["priorities"]["batch"].update(levels=["region"]), "priorities.batch.levels[0]", "unknown level"),
+        (lambda p: p["priorities"]["batch"].update(watermark=1.5), "priorities.batch.watermark", "up to"),
+        (lambda p: p["levels"][2].update(fail_mode="maybe"), "levels[2].fail_mode", "must be one of"),
+        (lambda p: p["levels"].append({"name": "user"}), "levels[3].name", "appears twice"),
+        (
+            lambda p: (
+                p["tiers"]["free"]["global"].append(p["global"][0])
+                if "global" in p["tiers"]["free"]
+                else p["tiers"]["free"].update({"global": list(p["global"])})
+            ),
+            "tiers.free.global[1]",
+            "repeats rule",
+        ),
+        (lambda p: p.update(tennants={}), "tennants", "unknown field"),
+    ],
+)
 def test_a_bad_document_names_the_field(policy, change, path, reason):
     change(policy)
     with pytest.raises(ConfigError) as caught:
@@ -131,8 +151,9 @@ def test_export_then_load_gives_the_same_store(tmp_path, load, policy, commits):
         model.objects.all().delete()
     load_file(exported, commits)
     after = snapshot()
-    assert {k: v for k, v in after.items() if k not in ("tiers", "tenants")} == \
-        {k: v for k, v in before.items() if k not in ("tiers", "tenants")}
+    assert {k: v for k, v in after.items() if k not in ("tiers", "tenants")} == {
+        k: v for k, v in before.items() if k not in ("tiers", "tenants")
+    }
     assert export_policy() == yaml.safe_load(exported.read_text())
 
 

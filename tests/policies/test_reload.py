@@ -69,8 +69,12 @@ def test_buckets_survive_a_reload(load, policy, worker, clock, commits):
     for _ in range(5):
         assert cache.decide(KEYS, 10).allowed
     with commits():
-        Rule.objects.create(tier=Tier.objects.get(name="pro"), level_id=Rule.objects.first().level_id,
-                            type="gcra", params={"rate": 1000, "burst": 1000})
+        Rule.objects.create(
+            tier=Tier.objects.get(name="pro"),
+            level_id=Rule.objects.first().level_id,
+            type="gcra",
+            params={"rate": 1000, "burst": 1000},
+        )
     clock.advance(0.5)
     # The user's token bucket (50, 10/s) is the same rule, so it is the same, empty, bucket.
     assert cache.decide(KEYS, 10).blocked_by == "user: token_bucket(50, 10/s)"
@@ -123,10 +127,16 @@ def test_expiry_needs_no_database_query(load, policy, worker, clock, django_asse
 
 
 def test_the_cache_knows_the_earliest_upcoming_expiry(load, policy, worker):
-    policy["tenants"]["soon"] = {"tier": "free", "overrides": policy["tenants"]["bigco"]["overrides"],
-                                 "overrides_until": (START + dt.timedelta(minutes=5)).isoformat()}
-    policy["tenants"]["past"] = {"tier": "free", "overrides": policy["tenants"]["bigco"]["overrides"],
-                                 "overrides_until": (START - dt.timedelta(minutes=5)).isoformat()}
+    policy["tenants"]["soon"] = {
+        "tier": "free",
+        "overrides": policy["tenants"]["bigco"]["overrides"],
+        "overrides_until": (START + dt.timedelta(minutes=5)).isoformat(),
+    }
+    policy["tenants"]["past"] = {
+        "tier": "free",
+        "overrides": policy["tenants"]["bigco"]["overrides"],
+        "overrides_until": (START - dt.timedelta(minutes=5)).isoformat(),
+    }
     load(policy)
     cache = worker()
     cache.limiter_for("acme")

@@ -109,8 +109,9 @@ def test_the_request_past_the_burst_is_a_429_in_the_api_error_shape(client, thro
         get(client, "/throttled/")
     denied = get(client, "/throttled/")
     assert denied.status_code == 429
-    assert denied.json() == {"error": {"code": "rate_limited", "message": denied.json()["error"]["message"],
-                                       "fields": {}}}
+    assert denied.json() == {
+        "error": {"code": "rate_limited", "message": denied.json()["error"]["message"], "fields": {}}
+    }
     assert denied["Retry-After"] == "1"  # a third of a second, rounded up
     assert denied["RateLimit-Policy"] == '"default";q=3;w=1'
     assert denied["RateLimit"] == '"default";r=0;t=1'
@@ -210,17 +211,22 @@ def test_without_its_setting_the_throttle_says_what_is_missing(client, settings)
         get(client, "/throttled/")
 
 
-@pytest.mark.parametrize("config, named", [
-    ({"rate": "10/fortnight"}, 'LIMITER_THROTTLE["rate"]'),
-    ({"rate": "0/s"}, 'LIMITER_THROTTLE["rate"]'),
-    ({"rate": "1/s", "burst": -1}, 'LIMITER_THROTTLE["burst"]'),
-    ({"rate": "1/s", "rules": []}, "either"),
-    ({"rate": "1/s", "paths": ["/x"]}, 'LIMITER_THROTTLE["paths"]: unknown field'),
-    ({"rules": [{"type": "token_bucket", "capacity": 1, "per_second": 1}, {"type": "nope"}]},
-     'LIMITER_THROTTLE["rules"][1].type: unknown rule type'),
-    ({"rate": "1/s", "key": "no.such.function"}, 'LIMITER_THROTTLE["key"]'),
-    ({"rate": "1/s", "policy": 'caf\u00e9'}, 'LIMITER_THROTTLE["policy"]'),
-])
+@pytest.mark.parametrize(
+    "config, named",
+    [
+        ({"rate": "10/fortnight"}, 'LIMITER_THROTTLE["rate"]'),
+        ({"rate": "0/s"}, 'LIMITER_THROTTLE["rate"]'),
+        ({"rate": "1/s", "burst": -1}, 'LIMITER_THROTTLE["burst"]'),
+        ({"rate": "1/s", "rules": []}, "either"),
+        ({"rate": "1/s", "paths": ["/x"]}, 'LIMITER_THROTTLE["paths"]: unknown field'),
+        (
+            {"rules": [{"type": "token_bucket", "capacity": 1, "per_second": 1}, {"type": "nope"}]},
+            'LIMITER_THROTTLE["rules"][1].type: unknown rule type',
+        ),
+        ({"rate": "1/s", "key": "no.such.function"}, 'LIMITER_THROTTLE["key"]'),
+        ({"rate": "1/s", "policy": "caf\u00e9"}, 'LIMITER_THROTTLE["policy"]'),
+    ],
+)
 def test_a_bad_setting_is_refused_naming_the_field(config, named, clock):
     with pytest.raises(ImproperlyConfigured) as raised:
         build_limit(config, "LIMITER_THROTTLE", clock)
@@ -238,14 +244,17 @@ def test_paths_outside_the_prefixes_pass_untouched(client, middleware):
 
 def test_a_protected_path_is_limited_per_client_with_headers_on_every_answer(client, middleware):
     first, second, denied = (get(client, "/export/report") for _ in range(3))
-    assert (first.status_code, first["RateLimit"], first["RateLimit-Policy"]) == \
-        (200, '"default";r=1', '"default";q=2;w=60')
+    assert (first.status_code, first["RateLimit"], first["RateLimit-Policy"]) == (
+        200,
+        '"default";r=1',
+        '"default";q=2;w=60',
+    )
     assert second["RateLimit"] == '"default";r=0'
     assert denied.status_code == 429
     assert denied["Content-Type"] == "application/json"
-    assert denied.json() == {"error": {"code": "rate_limited",
-                                       "message": "Too many requests; try again in 30 seconds.",
-                                       "fields": {}}}
+    assert denied.json() == {
+        "error": {"code": "rate_limited", "message": "Too many requests; try again in 30 seconds.", "fields": {}}
+    }
     assert (denied["Retry-After"], denied["RateLimit"]) == ("30", '"default";r=0;t=30')
     assert calls == ["/export/report"] * 2  # the denied request never reached the view
 
@@ -268,8 +277,7 @@ def test_the_middleware_keeps_clients_apart(client, middleware):
 
 
 @pytest.mark.django_db
-def test_behind_the_authentication_middleware_a_logged_in_user_is_the_client(
-        client, middleware, django_user_model):
+def test_behind_the_authentication_middleware_a_logged_in_user_is_the_client(client, middleware, django_user_model):
     client.force_login(django_user_model.objects.create_user("bob"))
     get(client, "/export/report", "10.0.0.1")
     get(client, "/export/report", "10.0.0.2")
@@ -352,13 +360,22 @@ def test_the_policy_name_is_a_quoted_structured_field_string():
 
 
 def test_the_advertised_policy_is_the_smallest_rule_with_its_own_window(clock):
-    limiter = build_limit({"rules": [{"type": "sliding_window", "limit": 600, "window": 60},
-                                     {"type": "token_bucket", "capacity": 50, "per_second": 10},
-                                     {"type": "fixed_window", "limit": 5, "window": 1, "shadow": True}]},
-                          "LIMITER_THROTTLE", clock).limiter.limiter
+    limiter = build_limit(
+        {
+            "rules": [
+                {"type": "sliding_window", "limit": 600, "window": 60},
+                {"type": "token_bucket", "capacity": 50, "per_second": 10},
+                {"type": "fixed_window", "limit": 5, "window": 1, "shadow": True},
+            ]
+        },
+        "LIMITER_THROTTLE",
+        clock,
+    ).limiter.limiter
     assert advertised_policy(limiter.levels["client"]) == (50.0, 5.0)
-    buckets = build_limit({"rules": [{"type": "token_bucket", "capacity": 3, "per_second": 0},
-                                     {"type": "concurrency", "limit": 2}]},
-                          "LIMITER_THROTTLE", clock).limiter.limiter
+    buckets = build_limit(
+        {"rules": [{"type": "token_bucket", "capacity": 3, "per_second": 0}, {"type": "concurrency", "limit": 2}]},
+        "LIMITER_THROTTLE",
+        clock,
+    ).limiter.limiter
     assert advertised_policy(buckets.levels["client"]) == (2.0, None)
     assert advertised_policy([]) == (None, None)

@@ -19,25 +19,36 @@ TIMEOUT = 5.0
 READY_WITHIN = 60.0
 
 
-def decide_from_processes(url: str, config: dict, keys: dict, processes: int = 4,
-                          threads: int = 50, prefix: str = "la") -> list[tuple[bool, bool]]:
+def decide_from_processes(
+    url: str, config: dict, keys: dict, processes: int = 4, threads: int = 50, prefix: str = "la"
+) -> list[tuple[bool, bool]]:
     """(allowed, degraded) of every one of `processes` x `threads` simultaneous requests."""
     found = decide_spread(url, config, [keys], processes, threads, prefix)
     return [(allowed, degraded) for allowed, degraded, _ in found]
 
 
-def decide_spread(url: str, config: dict, key_sets: list[dict], processes: int = 4,
-                  threads: int = 50, prefix: str = "la", each: int = 1,
-                  options: dict | None = None) -> list[tuple[bool, bool, int]]:
+def decide_spread(
+    url: str,
+    config: dict,
+    key_sets: list[dict],
+    processes: int = 4,
+    threads: int = 50,
+    prefix: str = "la",
+    each: int = 1,
+    options: dict | None = None,
+) -> list[tuple[bool, bool, int]]:
     """(allowed, degraded, which key set) of `processes` x `threads` simultaneous threads,
     each making `each` requests, request n of the whole run on key_sets[n % len(key_sets)].
     `url` may be redis:// or redis-cluster://; `options` go to the store."""
     context = multiprocessing.get_context("spawn")
     ready = context.Barrier(processes)
     answers = context.Queue()
-    children = [context.Process(target=_decide, args=(url, config, key_sets, threads, prefix, ready,
-                                                       answers, p, each, options or {}))
-                for p in range(processes)]
+    children = [
+        context.Process(
+            target=_decide, args=(url, config, key_sets, threads, prefix, ready, answers, p, each, options or {})
+        )
+        for p in range(processes)
+    ]
     for child in children:
         child.start()
     try:

@@ -22,8 +22,8 @@ import json
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 # The longest any one request may take before the client gives up on it.
 REQUEST_TIMEOUT = 10.0
@@ -48,8 +48,15 @@ class Answer:
 
 
 class Load:
-    def __init__(self, service, request: Callable[[int], tuple[str, dict]], rate: float,
-                 duration: float, clients: int = 32, fresh_connections: bool = False) -> None:
+    def __init__(
+        self,
+        service,
+        request: Callable[[int], tuple[str, dict]],
+        rate: float,
+        duration: float,
+        clients: int = 32,
+        fresh_connections: bool = False,
+    ) -> None:
         self.service, self.request = service, request
         self.rate, self.duration, self.clients = rate, duration, clients
         self.fresh_connections = fresh_connections
@@ -62,10 +69,9 @@ class Load:
     def now(self) -> float:
         return time.monotonic() - self._t0
 
-    def start(self) -> "Load":
+    def start(self) -> Load:
         self._t0 = time.monotonic() + 0.05
-        self._threads = [threading.Thread(target=self._client, args=(k,), daemon=True)
-                         for k in range(self.clients)]
+        self._threads = [threading.Thread(target=self._client, args=(k,), daemon=True) for k in range(self.clients)]
         for thread in self._threads:
             thread.start()
         return self
@@ -109,11 +115,19 @@ class Load:
             raw = response.read()
             took = time.monotonic() - started
             parsed = json.loads(raw) if raw.startswith(b"{") else {}
-            return Answer(i, path, body, started - self._t0, took, response.status, parsed,
-                          connection=k, reused=reused)
+            return Answer(i, path, body, started - self._t0, took, response.status, parsed, connection=k, reused=reused)
         except (OSError, http.client.HTTPException) as error:
-            return Answer(i, path, body, started - self._t0, time.monotonic() - started, None,
-                          error=f"{type(error).__name__}: {error}", connection=k, reused=reused)
+            return Answer(
+                i,
+                path,
+                body,
+                started - self._t0,
+                time.monotonic() - started,
+                None,
+                error=f"{type(error).__name__}: {error}",
+                connection=k,
+                reused=reused,
+            )
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -131,5 +145,7 @@ def describe(answers: list[Answer]) -> str:
     for answer in answers:
         statuses[answer.status] = statuses.get(answer.status, 0) + 1
     took = [a.took for a in answers]
-    return (f"{len(answers)} requests, statuses {statuses}, p50 {percentile(took, 50) * 1000:.1f} ms, "
-            f"p99 {percentile(took, 99) * 1000:.1f} ms, max {max(took, default=0) * 1000:.1f} ms")
+    return (
+        f"{len(answers)} requests, statuses {statuses}, p50 {percentile(took, 50) * 1000:.1f} ms, "
+        f"p99 {percentile(took, 99) * 1000:.1f} ms, max {max(took, default=0) * 1000:.1f} ms"
+    )

@@ -65,7 +65,7 @@ class TcpProxy:
 
     # --- life cycle -----------------------------------------------------------------------
 
-    def start(self) -> "TcpProxy":
+    def start(self) -> TcpProxy:
         self._thread.start()
         started = asyncio.run_coroutine_threadsafe(self._listen(), self._loop)
         started.result(timeout=5)
@@ -105,8 +105,7 @@ class TcpProxy:
         pair = (client_writer.transport, upstream_writer.transport)
         self._transports.update(pair)
         try:
-            await asyncio.gather(self._pipe(client_reader, upstream_writer),
-                                 self._pipe(upstream_reader, client_writer))
+            await asyncio.gather(self._pipe(client_reader, upstream_writer), self._pipe(upstream_reader, client_writer))
         finally:
             for transport in pair:
                 transport.abort()
@@ -161,11 +160,15 @@ class Proxy:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> "Proxy":
+    def start(self) -> Proxy:
         root = Path(__file__).resolve().parents[2]
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.reliability.proxy", str(self.upstream_port), str(self.port)],
-            cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            cwd=root,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self._expect("listening")
         return self
 
@@ -193,7 +196,7 @@ class Proxy:
             self.process.stdout.close()
             self.process = None
 
-    def __enter__(self) -> "Proxy":
+    def __enter__(self) -> Proxy:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -30,8 +30,12 @@ from tests.policies.conftest import POLICY
 
 from .test_database_outage import policy_rows
 
-EXAMPLES = settings(max_examples=75, deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+EXAMPLES = settings(
+    max_examples=75,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 DEEP = 50_000  # levels of nesting: far past Python's recursion limit
 DEEP_MARK = "\u2063deep\u2063"  # replaced, once serialised, by DEEP nested arrays
 LONG_MARK = "\u2063long\u2063"  # replaced by a number of 5,000 digits (Python will not write one)
@@ -40,20 +44,35 @@ LONG_MARK = "\u2063long\u2063"  # replaced by a number of 5,000 digits (Python w
 
 NOT_JSON = st.sampled_from([math.nan, math.inf, -math.inf])
 HUGE = st.sampled_from([1e16, 1.5e300, 10**16, 10**30, 2**64, 10**400, LONG_MARK])
-NEGATIVE = st.one_of(st.floats(max_value=-1e-300, allow_nan=False, allow_infinity=False),
-                     st.integers(max_value=-1))
-WRONG_TYPE = st.one_of(st.text(max_size=8), st.booleans(), st.lists(st.integers(), max_size=2),
-                       st.dictionaries(st.text(max_size=4), st.integers(), max_size=2), st.just(DEEP_MARK))
+NEGATIVE = st.one_of(st.floats(max_value=-1e-300, allow_nan=False, allow_infinity=False), st.integers(max_value=-1))
+WRONG_TYPE = st.one_of(
+    st.text(max_size=8),
+    st.booleans(),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    st.just(DEEP_MARK),
+)
 NOT_A_NUMBER_AT_LEAST_0 = st.one_of(NOT_JSON, HUGE, NEGATIVE, WRONG_TYPE)
 NOT_A_NUMBER_ABOVE_0 = st.one_of(NOT_A_NUMBER_AT_LEAST_0, st.sampled_from([0, 0.0, -0.0]))
-NOT_A_FRACTION = st.one_of(NOT_A_NUMBER_AT_LEAST_0, st.floats(min_value=1.0001, allow_nan=False),
-                           st.integers(min_value=2))
+NOT_A_FRACTION = st.one_of(
+    NOT_A_NUMBER_AT_LEAST_0, st.floats(min_value=1.0001, allow_nan=False), st.integers(min_value=2)
+)
 UNICODE = st.text(min_size=1, max_size=24)
-NOT_A_NAME = st.one_of(st.text(min_size=1, max_size=12).filter(lambda s: not s.isascii() or " " in s),
-                       st.sampled_from(["", " ", "a b", "tier/1", "x" * 300]), st.integers(), st.booleans(),
-                       st.lists(st.text(max_size=2), max_size=2))
-NOT_A_KEY = st.one_of(st.sampled_from(["", "x" * 257, "\ud800", "a\udfffb"]), st.integers(), st.booleans(),
-                      st.none(), st.lists(st.text(max_size=2), max_size=2), st.just(DEEP_MARK))
+NOT_A_NAME = st.one_of(
+    st.text(min_size=1, max_size=12).filter(lambda s: not s.isascii() or " " in s),
+    st.sampled_from(["", " ", "a b", "tier/1", "x" * 300]),
+    st.integers(),
+    st.booleans(),
+    st.lists(st.text(max_size=2), max_size=2),
+)
+NOT_A_KEY = st.one_of(
+    st.sampled_from(["", "x" * 257, "\ud800", "a\udfffb"]),
+    st.integers(),
+    st.booleans(),
+    st.none(),
+    st.lists(st.text(max_size=2), max_size=2),
+    st.just(DEEP_MARK),
+)
 
 
 def unknown_field(known):
@@ -76,22 +95,32 @@ def bad_decision(draw, reservation: bool = False):
     body = {"keys": dict(VALID_KEYS), "cost": 1, "priority": None}
     body.update({"hold": 30} if reservation else {"dry_run": False})
     known = tuple(body)
-    slot = draw(st.sampled_from(["cost", "keys", "key", "level", "priority", "unknown"]
-                                + (["hold"] if reservation else ["dry_run"])))
+    slot = draw(
+        st.sampled_from(
+            ["cost", "keys", "key", "level", "priority", "unknown"] + (["hold"] if reservation else ["dry_run"])
+        )
+    )
     if slot == "cost":
         body["cost"] = draw(NOT_A_NUMBER_ABOVE_0)
     elif slot == "hold":
         body["hold"] = draw(st.one_of(NOT_A_NUMBER_ABOVE_0, st.floats(min_value=86_400.5, max_value=1e9)))
     elif slot == "keys":
-        body["keys"] = draw(st.one_of(st.just({}), st.none(), st.text(max_size=4), st.lists(st.text(), max_size=2),
-                                      st.just(DEEP_MARK)))
+        body["keys"] = draw(
+            st.one_of(st.just({}), st.none(), st.text(max_size=4), st.lists(st.text(), max_size=2), st.just(DEEP_MARK))
+        )
     elif slot == "key":
         body["keys"][draw(st.sampled_from(sorted(VALID_KEYS)))] = draw(NOT_A_KEY)
     elif slot == "level":
         body["keys"][draw(unknown_field(VALID_KEYS))] = "k"
     elif slot == "priority":
-        body["priority"] = draw(st.one_of(UNICODE.filter(lambda p: p not in POLICY["priorities"]),
-                                          st.integers(), st.booleans(), st.lists(st.none(), max_size=1)))
+        body["priority"] = draw(
+            st.one_of(
+                UNICODE.filter(lambda p: p not in POLICY["priorities"]),
+                st.integers(),
+                st.booleans(),
+                st.lists(st.none(), max_size=1),
+            )
+        )
     elif slot == "dry_run":
         body["dry_run"] = draw(st.one_of(st.integers(), st.text(max_size=5), st.lists(st.none(), max_size=1)))
     else:
@@ -104,8 +133,18 @@ def bad_batch(draw):
     good = {"keys": dict(VALID_KEYS), "cost": 1}
     shape = draw(st.sampled_from(["item", "requests", "unknown", "too many"]))
     if shape == "requests":
-        return {"requests": draw(st.one_of(st.just([]), st.none(), st.integers(), st.text(max_size=3),
-                                           st.just({"keys": VALID_KEYS}), st.just(DEEP_MARK)))}
+        return {
+            "requests": draw(
+                st.one_of(
+                    st.just([]),
+                    st.none(),
+                    st.integers(),
+                    st.text(max_size=3),
+                    st.just({"keys": VALID_KEYS}),
+                    st.just(DEEP_MARK),
+                )
+            )
+        }
     if shape == "unknown":
         return {"requests": [good], draw(unknown_field(("requests",))): 1}
     if shape == "too many":
@@ -119,14 +158,22 @@ def bad_batch(draw):
 
 
 RULE = {"type": "token_bucket", "capacity": 10, "per_second": 1}
-PARAMS = {"token_bucket": ("capacity", "per_second"), "gcra": ("rate", "burst"),
-          "fixed_window": ("limit", "window"), "sliding_window": ("limit", "window"),
-          "sliding_window_counter": ("limit", "window"), "concurrency": ("limit", "lease")}
-VALID_RULES = {"token_bucket": RULE, "gcra": {"type": "gcra", "rate": 5, "burst": 10},
-               "fixed_window": {"type": "fixed_window", "limit": 10, "window": 60},
-               "sliding_window": {"type": "sliding_window", "limit": 10, "window": 60},
-               "sliding_window_counter": {"type": "sliding_window_counter", "limit": 10, "window": 60},
-               "concurrency": {"type": "concurrency", "limit": 10, "lease": 60}}
+PARAMS = {
+    "token_bucket": ("capacity", "per_second"),
+    "gcra": ("rate", "burst"),
+    "fixed_window": ("limit", "window"),
+    "sliding_window": ("limit", "window"),
+    "sliding_window_counter": ("limit", "window"),
+    "concurrency": ("limit", "lease"),
+}
+VALID_RULES = {
+    "token_bucket": RULE,
+    "gcra": {"type": "gcra", "rate": 5, "burst": 10},
+    "fixed_window": {"type": "fixed_window", "limit": 10, "window": 60},
+    "sliding_window": {"type": "sliding_window", "limit": 10, "window": 60},
+    "sliding_window_counter": {"type": "sliding_window_counter", "limit": 10, "window": 60},
+    "concurrency": {"type": "concurrency", "limit": 10, "lease": 60},
+}
 
 
 @st.composite
@@ -143,8 +190,11 @@ def bad_rule(draw):
     elif slot == "unknown":
         rule[draw(unknown_field((*rule, "label", "shadow", "counts")))] = draw(st.one_of(st.integers(), UNICODE))
     elif slot == "label":
-        rule["label"] = draw(st.one_of(st.integers(), st.booleans(), st.lists(st.none(), max_size=1),
-                                       st.just("x" * 1000), st.just("\ud800")))
+        rule["label"] = draw(
+            st.one_of(
+                st.integers(), st.booleans(), st.lists(st.none(), max_size=1), st.just("x" * 1000), st.just("\ud800")
+            )
+        )
     elif slot == "shadow":
         rule["shadow"] = draw(st.one_of(st.integers(), st.text(max_size=4), st.none()))
     elif slot == "counts":
@@ -167,14 +217,21 @@ def bad_policy_write(draw):
         elif slot == "rule":
             body["rules"]["team"] = [dict(RULE), draw(bad_rule())]
         elif slot == "rules":
-            body["rules"] = draw(st.one_of(st.just({}), st.none(), st.integers(), st.just({"team": RULE}),
-                                           st.just(DEEP_MARK)))
+            body["rules"] = draw(
+                st.one_of(st.just({}), st.none(), st.integers(), st.just({"team": RULE}), st.just(DEEP_MARK))
+            )
         elif slot == "level":
             body["rules"][draw(unknown_field(VALID_KEYS))] = [dict(RULE)]
         else:
             body[draw(unknown_field(body))] = 1
-        return draw(st.sampled_from([("POST", "/api/v1/tiers", body),
-                                     ("PUT", "/api/v1/tiers/pro", {**body, "name": body["name"], "version": 1})]))
+        return draw(
+            st.sampled_from(
+                [
+                    ("POST", "/api/v1/tiers", body),
+                    ("PUT", "/api/v1/tiers/pro", {**body, "name": body["name"], "version": 1}),
+                ]
+            )
+        )
     if kind == "tenant":
         body = {"key": "newco", "tier": "pro", "overrides_until": None, "overrides": {"team": [dict(RULE)]}}
         slot = draw(st.sampled_from(["key", "tier", "until", "override", "unknown"]))
@@ -183,8 +240,9 @@ def bad_policy_write(draw):
         elif slot == "tier":
             body["tier"] = draw(st.one_of(UNICODE.filter(lambda t: t not in POLICY["tiers"]), st.integers()))
         elif slot == "until":
-            body["overrides_until"] = draw(st.one_of(st.sampled_from(["tomorrow", "2026-13-45T99:00:00Z", ""]),
-                                                     st.integers(), st.booleans()))
+            body["overrides_until"] = draw(
+                st.one_of(st.sampled_from(["tomorrow", "2026-13-45T99:00:00Z", ""]), st.integers(), st.booleans())
+            )
         elif slot == "override":
             body["overrides"]["team"] = [draw(bad_rule())]
         else:
@@ -196,14 +254,21 @@ def bad_policy_write(draw):
         if slot == "name":
             body["name"] = draw(NOT_A_NAME)
         elif slot == "fail_mode":
-            body["fail_mode"] = draw(st.one_of(UNICODE.filter(lambda m: m not in ("open", "closed", "local")),
-                                               st.integers(), st.none()))
+            body["fail_mode"] = draw(
+                st.one_of(UNICODE.filter(lambda m: m not in ("open", "closed", "local")), st.integers(), st.none())
+            )
         elif slot == "fraction":
             body["fallback_fraction"] = draw(st.one_of(NOT_A_FRACTION, st.just(0)))
         elif slot == "position":
             # 10**16 is a position SQLite stores (PostgreSQL's column would not): not bad here.
-            body["position"] = draw(st.one_of(NEGATIVE, st.sampled_from([2**63, 2**64, 10**30, 1e16, "3", True]),
-                                              st.text(max_size=3), st.floats(0.1, 0.9)))
+            body["position"] = draw(
+                st.one_of(
+                    NEGATIVE,
+                    st.sampled_from([2**63, 2**64, 10**30, 1e16, "3", True]),
+                    st.text(max_size=3),
+                    st.floats(0.1, 0.9),
+                )
+            )
         else:
             body[draw(unknown_field(body))] = 1
         return ("POST", "/api/v1/levels", body)
@@ -215,14 +280,29 @@ def bad_policy_write(draw):
         elif slot == "watermark":
             body["watermark"] = draw(NOT_A_FRACTION)
         elif slot == "levels":
-            body["levels"] = draw(st.one_of(st.lists(unknown_field(VALID_KEYS), min_size=1, max_size=2),
-                                            st.text(max_size=3), st.integers(), st.just(DEEP_MARK)))
+            body["levels"] = draw(
+                st.one_of(
+                    st.lists(unknown_field(VALID_KEYS), min_size=1, max_size=2),
+                    st.text(max_size=3),
+                    st.integers(),
+                    st.just(DEEP_MARK),
+                )
+            )
         else:
             body[draw(unknown_field(body))] = 1
         return ("POST", "/api/v1/priorities", body)
-    body = draw(st.one_of(st.fixed_dictionaries({"default_tier": st.one_of(
-        UNICODE.filter(lambda t: t not in POLICY["tiers"]), st.integers(), st.just(""))}),
-        st.fixed_dictionaries({"default_tier": st.just("pro"), "x": UNICODE})))
+    body = draw(
+        st.one_of(
+            st.fixed_dictionaries(
+                {
+                    "default_tier": st.one_of(
+                        UNICODE.filter(lambda t: t not in POLICY["tiers"]), st.integers(), st.just("")
+                    )
+                }
+            ),
+            st.fixed_dictionaries({"default_tier": st.just("pro"), "x": UNICODE}),
+        )
+    )
     return (draw(st.sampled_from(["PUT", "PATCH"])), "/api/v1/settings", body)
 
 
@@ -287,15 +367,29 @@ def test_a_bad_policy_write_is_a_400_and_changes_nothing(api_client, memory_engi
     assert_nothing_changed(rows, buckets, memory_engine)
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                    max_leaves=12)
-ENDPOINTS = [("POST", "/api/v1/decisions"), ("POST", "/api/v1/decisions/batch"), ("POST", "/api/v1/reservations"),
-             ("POST", "/api/v1/reservations/abc/commit"), ("POST", "/api/v1/reservations/abc/cancel"),
-             ("POST", "/api/v1/tiers"), ("PUT", "/api/v1/tiers/pro"), ("PATCH", "/api/v1/tiers/pro"),
-             ("POST", "/api/v1/tenants"), ("PATCH", "/api/v1/tenants/acme"), ("POST", "/api/v1/levels"),
-             ("PATCH", "/api/v1/levels/team"), ("POST", "/api/v1/priorities"), ("PATCH", "/api/v1/priorities/batch"),
-             ("PUT", "/api/v1/settings"), ("PATCH", "/api/v1/settings")]
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+ENDPOINTS = [
+    ("POST", "/api/v1/decisions"),
+    ("POST", "/api/v1/decisions/batch"),
+    ("POST", "/api/v1/reservations"),
+    ("POST", "/api/v1/reservations/abc/commit"),
+    ("POST", "/api/v1/reservations/abc/cancel"),
+    ("POST", "/api/v1/tiers"),
+    ("PUT", "/api/v1/tiers/pro"),
+    ("PATCH", "/api/v1/tiers/pro"),
+    ("POST", "/api/v1/tenants"),
+    ("PATCH", "/api/v1/tenants/acme"),
+    ("POST", "/api/v1/levels"),
+    ("PATCH", "/api/v1/levels/team"),
+    ("POST", "/api/v1/priorities"),
+    ("PATCH", "/api/v1/priorities/batch"),
+    ("PUT", "/api/v1/settings"),
+    ("PATCH", "/api/v1/settings"),
+]
 
 
 @settings(EXAMPLES, max_examples=150)
@@ -328,8 +422,24 @@ def test_a_10_mb_or_deeply_nested_body_is_a_400(api_client, memory_engine, metho
 def bad_policy_file(draw):
     """SPEC.md's example policy with one bad thing in it."""
     doc = copy.deepcopy(POLICY)
-    slot = draw(st.sampled_from(["rule", "top", "tier", "tenant", "tenant field", "level", "fraction", "watermark",
-                                 "default_tier", "global", "deep", "levels"]))
+    slot = draw(
+        st.sampled_from(
+            [
+                "rule",
+                "top",
+                "tier",
+                "tenant",
+                "tenant field",
+                "level",
+                "fraction",
+                "watermark",
+                "default_tier",
+                "global",
+                "deep",
+                "levels",
+            ]
+        )
+    )
     if slot == "rule":
         tier = draw(st.sampled_from(sorted(doc["tiers"])))
         level = draw(st.sampled_from(sorted(doc["tiers"][tier])))
@@ -344,8 +454,9 @@ def bad_policy_file(draw):
     elif slot == "tenant field":
         doc["tenants"]["acme"][draw(unknown_field(("tier", "overrides", "overrides_until")))] = 1
     elif slot == "level":
-        doc["levels"][0]["fail_mode"] = draw(st.one_of(UNICODE.filter(lambda m: m not in ("open", "closed", "local")),
-                                                       st.integers()))
+        doc["levels"][0]["fail_mode"] = draw(
+            st.one_of(UNICODE.filter(lambda m: m not in ("open", "closed", "local")), st.integers())
+        )
     elif slot == "fraction":
         doc["levels"][2]["fallback_fraction"] = draw(st.one_of(NOT_A_FRACTION, st.just(0)))
     elif slot == "watermark":
@@ -401,18 +512,21 @@ def test_a_10_mb_policy_file_is_a_clean_command_error(loaded_store, tmp_path):
 PAST_A_FLOAT = 10**400  # an integer JSON can carry and no float can hold
 
 
-@pytest.mark.parametrize("method, path, body", [
-    ("POST", "/api/v1/decisions", {"keys": {"user": "u"}, "cost": PAST_A_FLOAT}),
-    ("POST", "/api/v1/reservations", {"keys": {"user": "u"}, "hold": PAST_A_FLOAT}),
-    ("POST", "/api/v1/tiers", {"name": "gold", "rules": {"team": [{**RULE, "capacity": PAST_A_FLOAT}]}}),
-    ("POST", "/api/v1/levels", {"name": "region", "fallback_fraction": PAST_A_FLOAT}),
-    ("POST", "/api/v1/priorities", {"name": "bulk", "watermark": -PAST_A_FLOAT}),
-    ("POST", "/api/v1/decisions", {"keys": {"user": "\ud800"}}),
-    ("POST", "/api/v1/tiers", {"name": "gold", "rules": {"team": [{**RULE, "label": "a\udfff"}]}}),
-    ("POST", "/api/v1/tenants", {"key": 7, "tier": "pro"}),
-    ("POST", "/api/v1/levels", {"name": "region", "position": "3"}),
-    ("POST", "/api/v1/priorities", {"name": "bulk", "watermark": "0.5"}),
-])
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        ("POST", "/api/v1/decisions", {"keys": {"user": "u"}, "cost": PAST_A_FLOAT}),
+        ("POST", "/api/v1/reservations", {"keys": {"user": "u"}, "hold": PAST_A_FLOAT}),
+        ("POST", "/api/v1/tiers", {"name": "gold", "rules": {"team": [{**RULE, "capacity": PAST_A_FLOAT}]}}),
+        ("POST", "/api/v1/levels", {"name": "region", "fallback_fraction": PAST_A_FLOAT}),
+        ("POST", "/api/v1/priorities", {"name": "bulk", "watermark": -PAST_A_FLOAT}),
+        ("POST", "/api/v1/decisions", {"keys": {"user": "\ud800"}}),
+        ("POST", "/api/v1/tiers", {"name": "gold", "rules": {"team": [{**RULE, "label": "a\udfff"}]}}),
+        ("POST", "/api/v1/tenants", {"key": 7, "tier": "pro"}),
+        ("POST", "/api/v1/levels", {"name": "region", "position": "3"}),
+        ("POST", "/api/v1/priorities", {"name": "bulk", "watermark": "0.5"}),
+    ],
+)
 def test_numbers_past_a_float_surrogates_and_numbers_for_strings_are_400s(api_client, method, path, body):
     rows = policy_rows()
     assert_refused(*send(api_client, method, path, body), body)

@@ -26,10 +26,14 @@ UNLIMITED = {"type": "token_bucket", "capacity": 1_000_000, "per_second": 0}
 
 @pytest.mark.parametrize("mode", ["split", "lease"])
 def test_a_flood_over_100_teams_admits_at_most_the_global_limit_and_at_least_90_percent(redis_cluster_url, mode):
-    config = {"user": [UNLIMITED], "team": [UNLIMITED],
-              "global": [{"type": "token_bucket", "capacity": 1000, "per_second": 0}]}
-    answers = decide_spread(redis_cluster_url, config, TEAMS, PROCESSES, THREADS, each=EACH,
-                            options={"global_mode": mode})
+    config = {
+        "user": [UNLIMITED],
+        "team": [UNLIMITED],
+        "global": [{"type": "token_bucket", "capacity": 1000, "per_second": 0}],
+    }
+    answers = decide_spread(
+        redis_cluster_url, config, TEAMS, PROCESSES, THREADS, each=EACH, options={"global_mode": mode}
+    )
     assert len(answers) == PROCESSES * THREADS * EACH
     assert not any(degraded for _, degraded, _ in answers)
     admitted = sum(allowed for allowed, _, _ in answers)
@@ -38,8 +42,11 @@ def test_a_flood_over_100_teams_admits_at_most_the_global_limit_and_at_least_90_
 
 
 def test_a_flood_keeps_every_team_limit_exact(redis_cluster_url):
-    config = {"user": [UNLIMITED], "team": [{"type": "token_bucket", "capacity": 7, "per_second": 0}],
-              "global": [UNLIMITED]}
+    config = {
+        "user": [UNLIMITED],
+        "team": [{"type": "token_bucket", "capacity": 7, "per_second": 0}],
+        "global": [UNLIMITED],
+    }
     answers = decide_spread(redis_cluster_url, config, TEAMS, PROCESSES, THREADS, each=EACH)
     per_team = collections.Counter()
     for allowed, degraded, which in answers:
@@ -53,10 +60,15 @@ def test_a_flood_keeps_every_team_limit_exact(redis_cluster_url):
 RATE, DURATION, KILL_AT = 200, 14.0, 4.0
 FAILOVER_WITHIN = 6.0  # node timeout 1 s, the election, the client's new view of the slots
 LONGEST_P99 = 0.25
-POLICY = {"default_tier": "t",
-          "levels": [{"name": "user", "fail_mode": "open"}, {"name": "team", "fail_mode": "closed"},
-                     {"name": "global", "fail_mode": "open"}],
-          "tiers": {"t": {"user": [UNLIMITED], "team": [UNLIMITED], "global": [UNLIMITED]}}}
+POLICY = {
+    "default_tier": "t",
+    "levels": [
+        {"name": "user", "fail_mode": "open"},
+        {"name": "team", "fail_mode": "closed"},
+        {"name": "global", "fail_mode": "open"},
+    ],
+    "tiers": {"t": {"user": [UNLIMITED], "team": [UNLIMITED], "global": [UNLIMITED]}},
+}
 
 
 def request_for(i: int) -> tuple[str, dict]:
@@ -69,8 +81,7 @@ def shard_of(answer, shards: int = 16) -> int:
     return zlib.crc32(answer.sent["keys"]["team"].encode()) % shards
 
 
-def test_killing_a_primary_under_load_fails_no_request_and_decisions_resume_after_failover(
-        disposable_redis_cluster):
+def test_killing_a_primary_under_load_fails_no_request_and_decisions_resume_after_failover(disposable_redis_cluster):
     from tests.serving import Service
 
     cluster = disposable_redis_cluster
@@ -96,11 +107,21 @@ def test_killing_a_primary_under_load_fails_no_request_and_decisions_resume_afte
     on_lost = [a for a in answers if shard_of(a) in lost]
     elsewhere = [a for a in answers if shard_of(a) not in lost]
     outage = [a for a in on_lost if killed <= a.started and a.body.get("degraded")]
-    back = min((a.started for a in on_lost if a.started > killed and not a.body.get("degraded")
-                and a.started > max((b.started for b in outage), default=killed)), default=None)
-    print(f"\nprimary killed at {killed:.2f} s, holding {len(lost)} of 16 shards: {describe(answers)}; "
-          f"{len(outage)} degraded decisions on its shards; back on Redis "
-          f"{(back - killed) if back else float('nan'):.2f} s after the kill")
+    back = min(
+        (
+            a.started
+            for a in on_lost
+            if a.started > killed
+            and not a.body.get("degraded")
+            and a.started > max((b.started for b in outage), default=killed)
+        ),
+        default=None,
+    )
+    print(
+        f"\nprimary killed at {killed:.2f} s, holding {len(lost)} of 16 shards: {describe(answers)}; "
+        f"{len(outage)} degraded decisions on its shards; back on Redis "
+        f"{(back - killed) if back else float('nan'):.2f} s after the kill"
+    )
 
     assert [a for a in answers if a.status != 200] == []
     assert len(answers) == RATE * DURATION
@@ -122,6 +143,7 @@ def test_killing_a_primary_under_load_fails_no_request_and_decisions_resume_afte
 
 # --- a slot moved while decisions run: ASK during the move, MOVED after it -------------------
 
+
 def node_id(node) -> str:
     client = node.client()
     try:
@@ -137,7 +159,8 @@ def test_a_slot_moved_mid_run_is_followed_and_counts_each_decision_once(disposab
     cluster = disposable_redis_cluster
     store = ClusterStore(url=cluster.url, timeout=1.0)
     limiter = HierarchicalLimiter.from_config(
-        {"user": [UNLIMITED], "team": [{"type": "token_bucket", "capacity": 60, "per_second": 0}]}, store=store)
+        {"user": [UNLIMITED], "team": [{"type": "token_bucket", "capacity": 60, "per_second": 0}]}, store=store
+    )
     keys = {"user": "u1", "team": "acme"}
     slot = key_slot(limiter._plan(keys, None).store_plan.keys[0].encode())
     primaries = cluster.primaries()

@@ -41,10 +41,16 @@ from .conftest import wait_for, warm
 from .load import Load, describe
 
 OUTAGE = 3.0  # seconds of load with the database gone: longer than the 2 s token cache
-POLICY = {"default_tier": "t",
-          "levels": [{"name": "user", "fail_mode": "open"}, {"name": "team", "fail_mode": "closed"}],
-          "tiers": {"t": {"user": [{"type": "token_bucket", "capacity": 1_000_000, "per_second": 0}],
-                          "team": [{"type": "token_bucket", "capacity": 5, "per_second": 0}]}}}
+POLICY = {
+    "default_tier": "t",
+    "levels": [{"name": "user", "fail_mode": "open"}, {"name": "team", "fail_mode": "closed"}],
+    "tiers": {
+        "t": {
+            "user": [{"type": "token_bucket", "capacity": 1_000_000, "per_second": 0}],
+            "team": [{"type": "token_bucket", "capacity": 5, "per_second": 0}],
+        }
+    },
+}
 NEW_TIER = {"name": "gold", "rules": {"team": [{"type": "token_bucket", "capacity": 9, "per_second": 1}]}}
 
 
@@ -112,8 +118,9 @@ class Browser:
 
     def log_in(self, username: str, password: str) -> None:
         self.request("/admin/login/")
-        status, page, _ = self.request("/admin/login/?next=/admin/",
-                                       {"username": username, "password": password, "next": "/admin/"})
+        status, page, _ = self.request(
+            "/admin/login/?next=/admin/", {"username": username, "password": password, "next": "/admin/"}
+        )
         assert status == 200 and "Log out" in page, page[:500]
 
 
@@ -132,10 +139,21 @@ def add_tier_form(database: Database) -> dict:
         team = connection.execute("SELECT id FROM policies_level WHERE name = 'team'").fetchone()[0]
     finally:
         connection.close()
-    return {"name": "gold", "opened_version": "", "rules-TOTAL_FORMS": 1, "rules-INITIAL_FORMS": 0,
-            "rules-MIN_NUM_FORMS": 0, "rules-MAX_NUM_FORMS": 1000, "rules-0-level": team,
-            "rules-0-type": "token_bucket", "rules-0-params": json.dumps({"capacity": 9, "per_second": 1}),
-            "rules-0-label": "", "rules-0-counts": "cost", "rules-0-position": 0, "_save": "Save"}
+    return {
+        "name": "gold",
+        "opened_version": "",
+        "rules-TOTAL_FORMS": 1,
+        "rules-INITIAL_FORMS": 0,
+        "rules-MIN_NUM_FORMS": 0,
+        "rules-MAX_NUM_FORMS": 1000,
+        "rules-0-level": team,
+        "rules-0-type": "token_bucket",
+        "rules-0-params": json.dumps({"capacity": 9, "per_second": 1}),
+        "rules-0-label": "",
+        "rules-0-counts": "cost",
+        "rules-0-position": 0,
+        "_save": "Save",
+    }
 
 
 def load_policies(service, policy: dict) -> subprocess.CompletedProcess:
@@ -143,13 +161,20 @@ def load_policies(service, policy: dict) -> subprocess.CompletedProcess:
     path = os.path.join(service.directory.name, "other-policy.json")
     with open(path, "w") as file:
         json.dump(policy, file)
-    return subprocess.run([sys.executable, "manage.py", "loadpolicies", path], cwd=ROOT,
-                          env=service.env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "manage.py", "loadpolicies", path],
+        cwd=ROOT,
+        env=service.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def is_database_unavailable(status: int, body: dict) -> bool:
-    return status == 503 and body == {"error": {"code": "database_unavailable", "message": body["error"]["message"],
-                                                "fields": {}}}
+    return status == 503 and body == {
+        "error": {"code": "database_unavailable", "message": body["error"]["message"], "fields": {}}
+    }
 
 
 # --- end to end --------------------------------------------------------------------------
@@ -173,14 +198,21 @@ def test_with_the_database_unreachable_decisions_go_on_and_every_write_is_a_503_
         before = database.rows()
 
         with unreachable(database):
-            load = Load(service, lambda i: ("/api/v1/decisions", {"keys": {"user": f"u{i % 20}"}}),
-                        rate=100, duration=OUTAGE, clients=8).start()
+            load = Load(
+                service,
+                lambda i: ("/api/v1/decisions", {"keys": {"user": f"u{i % 20}"}}),
+                rate=100,
+                duration=OUTAGE,
+                clients=8,
+            ).start()
             answers = load.join()  # past the token cache and many policy checks
             admitted = _team_capacity(service, "during")
-            api_writes = [service.request("POST", "/api/v1/tiers", NEW_TIER),
-                          service.request("PUT", "/api/v1/tiers/t", tier),
-                          service.request("DELETE", "/api/v1/tiers/t"),
-                          service.request("GET", "/api/v1/tiers")]
+            api_writes = [
+                service.request("POST", "/api/v1/tiers", NEW_TIER),
+                service.request("PUT", "/api/v1/tiers/t", tier),
+                service.request("DELETE", "/api/v1/tiers/t"),
+                service.request("GET", "/api/v1/tiers"),
+            ]
             admin_post = browser.request("/admin/policies/tier/add/", form)
             admin_page = browser.request("/admin/")
             readyz, healthz = service.get("/readyz"), service.get("/healthz")
@@ -230,8 +262,11 @@ def test_a_worker_started_while_the_database_is_unreachable_answers_503_until_it
         with unreachable(database):
             [worker] = service.worker_pids()
             os.kill(worker, signal.SIGKILL)
-            wait_for(lambda: len(service.worker_pids()) == 1 and worker not in service.worker_pids(),
-                     within=20.0, what="a new worker")
+            wait_for(
+                lambda: len(service.worker_pids()) == 1 and worker not in service.worker_pids(),
+                within=20.0,
+                what="a new worker",
+            )
             # It has read no policy and proved no token: it cannot decide, and says why.
             status, body = wait_for(lambda: _answered(service), within=20.0, what="an answer from the new worker")
             assert is_database_unavailable(status, body), (status, body)
@@ -274,8 +309,10 @@ def policy_rows() -> dict:
     """Every row the policy store holds, its history and its version included."""
     from django.apps import apps
 
-    return {model.__name__: list(model.objects.order_by("pk").values())
-            for model in apps.get_app_config("policies").get_models()}
+    return {
+        model.__name__: list(model.objects.order_by("pk").values())
+        for model in apps.get_app_config("policies").get_models()
+    }
 
 
 def every_failure_point(write, failed) -> int:
@@ -319,12 +356,18 @@ def _api_failed(response) -> bool:
 def test_an_api_write_that_loses_the_database_midway_saves_nothing(policy_in_db, admin_token_client):
     client = admin_token_client
     pro = client.get("/api/v1/tiers/pro").json()
-    pro["rules"]["team"] = [{"type": "token_bucket", "capacity": 2000, "per_second": 200},
-                            {"type": "concurrency", "limit": 10, "lease": 30}]
+    pro["rules"]["team"] = [
+        {"type": "token_bucket", "capacity": 2000, "per_second": 200},
+        {"type": "concurrency", "limit": 10, "lease": 30},
+    ]
     statements = every_failure_point(lambda: client.put("/api/v1/tiers/pro", pro, format="json"), _api_failed)
     assert statements > 5
-    tenant = {"key": "newco", "tier": "pro", "overrides_until": None,
-              "overrides": {"team": [{"type": "gcra", "rate": 5, "burst": 10}]}}
+    tenant = {
+        "key": "newco",
+        "tier": "pro",
+        "overrides_until": None,
+        "overrides": {"team": [{"type": "gcra", "rate": 5, "burst": 10}]},
+    }
     every_failure_point(lambda: client.post("/api/v1/tenants", tenant, format="json"), _api_failed)
 
 
@@ -340,8 +383,10 @@ def test_an_admin_save_that_loses_the_database_midway_is_a_503_and_saves_nothing
     rules[0].params = {**rules[0].params, "limit": 900}
     form = tier_form(pro, rules=rules, name="professional")
     client.raise_request_exception = False
-    statements = every_failure_point(lambda: client.post(f"/admin/policies/tier/{pro.pk}/change/", form),
-                                     lambda response: response.status_code == 503)
+    statements = every_failure_point(
+        lambda: client.post(f"/admin/policies/tier/{pro.pk}/change/", form),
+        lambda response: response.status_code == 503,
+    )
     assert statements > 5
 
 
@@ -367,7 +412,8 @@ def test_a_policy_load_that_loses_the_database_midway_is_a_clean_error_and_loads
 
     try:
         statements = every_failure_point(
-            load, lambda error: error is not None and "the policy database is unreachable" in str(error))
+            load, lambda error: error is not None and "the policy database is unreachable" in str(error)
+        )
     finally:
         os.remove(path)
     assert statements > 10
@@ -414,8 +460,13 @@ def test_a_database_that_hangs_delays_only_the_requests_that_ask_it(redis_url):
     with Service(POLICY, redis_url=redis_url, workers=1) as service:
         warm(service)
         database = Database(service)
-        load = Load(service, lambda i: ("/api/v1/decisions", {"keys": {"user": f"u{i % 20}"}}),
-                    rate=100, duration=6.0, clients=16).start()
+        load = Load(
+            service,
+            lambda i: ("/api/v1/decisions", {"keys": {"user": f"u{i % 20}"}}),
+            rate=100,
+            duration=6.0,
+            clients=16,
+        ).start()
         sleep_until(load, 1.0)
         holder = sqlite3.connect(database.path, isolation_level=None)
         holder.execute("BEGIN EXCLUSIVE")
@@ -428,8 +479,10 @@ def test_a_database_that_hangs_delays_only_the_requests_that_ask_it(redis_url):
 
     during = [a for a in answers if locked <= a.started <= released]
     waited = [a for a in during if a.took > 0.25]
-    print(f"\ndatabase locked {released - locked:.1f} s: {describe(during)}; "
-          f"{len(waited)} waited ({', '.join(f'{a.took:.2f} s' for a in waited)})")
+    print(
+        f"\ndatabase locked {released - locked:.1f} s: {describe(during)}; "
+        f"{len(waited)} waited ({', '.join(f'{a.took:.2f} s' for a in waited)})"
+    )
     assert [a for a in answers if a.status != 200 or not a.body["allowed"]] == []
     assert len(during) >= 100 * (released - locked) * 0.9
     # One version check and one token check at a time, each waiting for the lock (a new one

@@ -47,8 +47,9 @@ def clear_of_a_window_boundary() -> None:
 @pytest.mark.parametrize("rule_type", sorted(RULE_FOR))
 def test_200_simultaneous_requests_from_4_processes_admit_exactly_the_limit(redis_url, rule_type):
     clear_of_a_window_boundary()
-    answers = decide_from_processes(redis_url, {"team": [RULE_FOR[rule_type]]}, {"team": f"acme-{rule_type}"},
-                                    processes=4, threads=50)
+    answers = decide_from_processes(
+        redis_url, {"team": [RULE_FOR[rule_type]]}, {"team": f"acme-{rule_type}"}, processes=4, threads=50
+    )
     assert len(answers) == 200
     assert not any(degraded for _, degraded in answers)
     assert sum(allowed for allowed, _ in answers) == LIMIT

@@ -33,11 +33,15 @@ pytestmark = pytest.mark.slow
 TEAM_CAPACITY = 1000
 RATE, DURATION = 300, 5.0  # 1,500 requests: the team's 1,000 run out after about 3.3 s
 DISRUPT_EVERY, DISRUPT_UNTIL = 0.05, 4.5
-RULES = {"user": [{"type": "token_bucket", "capacity": 2, "per_second": 0}],
-         "team": [{"type": "token_bucket", "capacity": TEAM_CAPACITY, "per_second": 0}]}
-POLICY = {"default_tier": "t",
-          "levels": [{"name": "user", "fail_mode": "open"}, {"name": "team", "fail_mode": "closed"}],
-          "tiers": {"t": RULES}}
+RULES = {
+    "user": [{"type": "token_bucket", "capacity": 2, "per_second": 0}],
+    "team": [{"type": "token_bucket", "capacity": TEAM_CAPACITY, "per_second": 0}],
+}
+POLICY = {
+    "default_tier": "t",
+    "levels": [{"name": "user", "fail_mode": "open"}, {"name": "team", "fail_mode": "closed"}],
+    "tiers": {"t": RULES},
+}
 
 
 def request_for(i: int) -> tuple[str, dict]:
@@ -56,7 +60,8 @@ def taken_per_request(url: str, count: int) -> list[float]:
 
 @pytest.mark.parametrize("disruption", ["FLUSH", "CLIENT KILL", "both"])
 def test_redis_losing_scripts_or_connections_under_load_fails_nothing_and_counts_nothing_twice(
-        disposable_redis, disruption):
+    disposable_redis, disruption
+):
     from tests.serving import Service
 
     admin = disposable_redis.client()
@@ -80,8 +85,10 @@ def test_redis_losing_scripts_or_connections_under_load_fails_nothing_and_counts
     allowed = [a for a in answers if a.body.get("allowed")]
     degraded = [a for a in answers if a.body.get("degraded")]
     lost = [a for a in degraded if taken[a.index] == 1]
-    print(f"\n{disruption}: {describe(answers)}; {flushes} flushes, {kills} connections killed; "
-          f"{len(allowed)} allowed, {len(degraded)} degraded, of which {len(lost)} had been counted")
+    print(
+        f"\n{disruption}: {describe(answers)}; {flushes} flushes, {kills} connections killed; "
+        f"{len(allowed)} allowed, {len(degraded)} degraded, of which {len(lost)} had been counted"
+    )
 
     assert [a for a in answers if a.status != 200] == []
     assert len(answers) == RATE * DURATION

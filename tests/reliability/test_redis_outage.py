@@ -26,13 +26,19 @@ BACK_ON_REDIS_WITHIN = 1.0
 
 POLICY = {
     "default_tier": "t",
-    "levels": [{"name": "user", "fail_mode": "open"},
-               {"name": "team", "fail_mode": "closed"},
-               {"name": "global", "fail_mode": "local", "fallback_fraction": FALLBACK_FRACTION}],
-    "tiers": {"t": {"user": [{"type": "token_bucket", "capacity": 1_000_000, "per_second": 0}],
-                    "team": [{"type": "token_bucket", "capacity": 1_000_000, "per_second": 0}],
-                    # No refill: every admission is one of the 40, on Redis or off it.
-                    "global": [{"type": "token_bucket", "capacity": GLOBAL_CAPACITY, "per_second": 0}]}},
+    "levels": [
+        {"name": "user", "fail_mode": "open"},
+        {"name": "team", "fail_mode": "closed"},
+        {"name": "global", "fail_mode": "local", "fallback_fraction": FALLBACK_FRACTION},
+    ],
+    "tiers": {
+        "t": {
+            "user": [{"type": "token_bucket", "capacity": 1_000_000, "per_second": 0}],
+            "team": [{"type": "token_bucket", "capacity": 1_000_000, "per_second": 0}],
+            # No refill: every admission is one of the 40, on Redis or off it.
+            "global": [{"type": "token_bucket", "capacity": GLOBAL_CAPACITY, "per_second": 0}],
+        }
+    },
 }
 MODES = ("open", "closed", "local")
 
@@ -67,8 +73,10 @@ def test_killing_redis_under_load_degrades_by_fail_mode_and_recovers_within_a_se
     degraded_after = [a for a in after if a.body.get("degraded")]
     recovery = max((a.ended - restarted for a in degraded_after), default=0.0)
     p99 = percentile([a.took for a in outage], 99)
-    print(f"\nredis killed under load: {describe(answers)}; during the outage ({killed:.2f}-{restarted:.2f} s) "
-          f"{describe(outage)}; back on Redis {recovery * 1000:.0f} ms after it answered again")
+    print(
+        f"\nredis killed under load: {describe(answers)}; during the outage ({killed:.2f}-{restarted:.2f} s) "
+        f"{describe(outage)}; back on Redis {recovery * 1000:.0f} ms after it answered again"
+    )
 
     # No request fails, whatever Redis does.
     assert [a for a in answers if a.status != 200] == []
@@ -80,15 +88,16 @@ def test_killing_redis_under_load_degrades_by_fail_mode_and_recovers_within_a_se
     # answer is its fail mode's too.
     blips = [a for a in before if a.body["degraded"]]
     assert len(blips) <= len(before) // 100, [(a.took, a.body) for a in blips]
-    assert sum(a.body["allowed"] for a in before if mode_of(a) == "local" and not a.body["degraded"]) \
-        == GLOBAL_CAPACITY
+    assert sum(a.body["allowed"] for a in before if mode_of(a) == "local" and not a.body["degraded"]) == GLOBAL_CAPACITY
 
     # During the outage, every answer is a fail mode's.
     assert all(a.body["degraded"] for a in outage)
     by_mode = {mode: [a.body for a in outage if mode_of(a) == mode] for mode in MODES}
     assert all(body["allowed"] for body in by_mode["open"])
-    assert all(not body["allowed"] and body["reason"] == "STORE_UNAVAILABLE"
-               and body["blocked_by"].startswith("team") for body in by_mode["closed"])
+    assert all(
+        not body["allowed"] and body["reason"] == "STORE_UNAVAILABLE" and body["blocked_by"].startswith("team")
+        for body in by_mode["closed"]
+    )
     # Each worker admits its own 25 % of the 40 and no more: 10 per worker that served one.
     # (Its in-process bucket never refills: counted over the whole run, blips included.)
     local_allowed = sum(a.body["allowed"] for a in answers if mode_of(a) == "local" and a.body["degraded"])
@@ -102,6 +111,4 @@ def test_killing_redis_under_load_degrades_by_fail_mode_and_recovers_within_a_se
     assert recovery <= BACK_ON_REDIS_WITHIN, f"degraded until {recovery:.3f} s after the restart"
     assert not any(a.body["degraded"] for a in after if a.started > restarted + BACK_ON_REDIS_WITHIN)
     # The restarted Redis had no data (no persistence): the global bucket starts full again.
-    assert sum(a.body["allowed"] for a in after if mode_of(a) == "local" and not a.body["degraded"]) \
-        == GLOBAL_CAPACITY
-
+    assert sum(a.body["allowed"] for a in after if mode_of(a) == "local" and not a.body["degraded"]) == GLOBAL_CAPACITY

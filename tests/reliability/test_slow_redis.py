@@ -32,18 +32,30 @@ MARGIN = 0.15  # seconds above the timeout a decision may take: the request's ow
 WITHIN_TIMEOUT = 10  # ms each way: a 20 ms round trip, well under the timeout
 BEYOND_TIMEOUT = 300  # ms each way
 # (starts at, what the proxy does); the load runs until END.
-PHASES = [(0.0, "pass"), (2.0, f"delay {WITHIN_TIMEOUT}"), (4.0, f"delay {BEYOND_TIMEOUT}"),
-          (6.0, "blackhole"), (8.0, "drop"), (9.5, "pass")]
+PHASES = [
+    (0.0, "pass"),
+    (2.0, f"delay {WITHIN_TIMEOUT}"),
+    (4.0, f"delay {BEYOND_TIMEOUT}"),
+    (6.0, "blackhole"),
+    (8.0, "drop"),
+    (9.5, "pass"),
+]
 END = 11.5
 HEALTHZ_EVERY = 0.05
 # A worker held by the silent link would keep /healthz waiting for the whole phase (2 s); a
 # busy host (CI's two cores, the proxy, the load and gunicorn) delays a probe now and then by
 # a few hundred milliseconds, seen up to 313 ms. So: each probe within a second, most quick.
 STALL, QUICK_HEALTHZ = 1.0, 0.25
-POLICY = {"default_tier": "t",
-          "levels": [{"name": "user", "fail_mode": "open"}, {"name": "team", "fail_mode": "closed"}],
-          "tiers": {"t": {"user": [{"type": "token_bucket", "capacity": 1_000_000, "per_second": 0}],
-                          "team": [{"type": "token_bucket", "capacity": 1_000_000, "per_second": 0}]}}}
+POLICY = {
+    "default_tier": "t",
+    "levels": [{"name": "user", "fail_mode": "open"}, {"name": "team", "fail_mode": "closed"}],
+    "tiers": {
+        "t": {
+            "user": [{"type": "token_bucket", "capacity": 1_000_000, "per_second": 0}],
+            "team": [{"type": "token_bucket", "capacity": 1_000_000, "per_second": 0}],
+        }
+    },
+}
 
 
 def request_for(i: int) -> tuple[str, dict]:
@@ -72,13 +84,13 @@ def probe_healthz(service, load: Load, until: float, found: list) -> None:
         sleep_until(load, load.now() + HEALTHZ_EVERY)
 
 
-def test_a_slow_or_silent_redis_costs_a_decision_at_most_the_timeout_and_never_stalls_a_worker(
-        disposable_redis):
+def test_a_slow_or_silent_redis_costs_a_decision_at_most_the_timeout_and_never_stalls_a_worker(disposable_redis):
     from tests.serving import Service
 
-    with Proxy(disposable_redis.port) as proxy, \
-            Service(POLICY, redis_url=proxy.url, workers=2,
-                    extra_env={"LIMITER_STORE_TIMEOUT": str(TIMEOUT)}) as service:
+    with (
+        Proxy(disposable_redis.port) as proxy,
+        Service(POLICY, redis_url=proxy.url, workers=2, extra_env={"LIMITER_STORE_TIMEOUT": str(TIMEOUT)}) as service,
+    ):
         warm(service)
         load = Load(service, request_for, rate=RATE, duration=END).start()
         healthz: list = []
@@ -96,12 +108,17 @@ def test_a_slow_or_silent_redis_costs_a_decision_at_most_the_timeout_and_never_s
     for (_, mode), start, end in zip(PHASES, switched, switched[1:] + [END + 60]):
         # Only what was sent and answered under one mode: not the requests a switch caught.
         phases[mode] = [a for a in answers if start <= a.started and a.ended < end]
-        print(f"\n{mode:>10}: {describe(phases[mode])}, "
-              f"{sum(bool(a.body.get('degraded')) for a in phases[mode])} degraded", end="")
+        print(
+            f"\n{mode:>10}: {describe(phases[mode])}, "
+            f"{sum(bool(a.body.get('degraded')) for a in phases[mode])} degraded",
+            end="",
+        )
     recovered = switched[-1]
     recovery = max((a.ended - recovered for a in phases["pass"] if a.body["degraded"]), default=0.0)
-    print(f"\n/healthz: {len(healthz)} probes, slowest {max(t for *_, t in healthz) * 1000:.1f} ms; "
-          f"back on Redis {recovery * 1000:.0f} ms after the link was")
+    print(
+        f"\n/healthz: {len(healthz)} probes, slowest {max(t for *_, t in healthz) * 1000:.1f} ms; "
+        f"back on Redis {recovery * 1000:.0f} ms after the link was"
+    )
 
     assert [a for a in answers if a.status != 200] == []
     # Within the timeout: slower, and still every decision on Redis.

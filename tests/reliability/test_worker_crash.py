@@ -30,8 +30,11 @@ RATE, DURATION, KILL_AT = 100, 9.0, 3.0  # per kind of client
 # How long after os.kill a request may still be caught by the dying worker: SIGKILL is
 # delivered at once, and the kernel closes the worker's sockets as it goes.
 DYING = 0.05
-POLICY = {"default_tier": "t", "levels": [{"name": "user", "fail_mode": "open"}],
-          "tiers": {"t": {"user": [{"type": "token_bucket", "capacity": 1_000_000, "per_second": 0}]}}}
+POLICY = {
+    "default_tier": "t",
+    "levels": [{"name": "user", "fail_mode": "open"}],
+    "tiers": {"t": {"user": [{"type": "token_bucket", "capacity": 1_000_000, "per_second": 0}]}},
+}
 
 
 def request_for(i: int) -> tuple[str, dict]:
@@ -45,25 +48,27 @@ def test_a_worker_killed_under_load_is_replaced_and_only_its_own_requests_fail(r
         warm(service, requests=60)
         before = service.worker_pids()
         assert len(before) == WORKERS
-        fresh = Load(service, request_for, rate=RATE, duration=DURATION, clients=16,
-                     fresh_connections=True).start()
+        fresh = Load(service, request_for, rate=RATE, duration=DURATION, clients=16, fresh_connections=True).start()
         kept = Load(service, request_for, rate=RATE, duration=DURATION, clients=16).start()
         sleep_until(fresh, KILL_AT)
         victim = before[0]
         os.kill(victim, signal.SIGKILL)
         killed_fresh, killed_kept = fresh.now(), kept.now()
-        after = wait_for(lambda: _replaced(service, before, victim), within=20.0,
-                         what="a new worker in place of the killed one")
+        after = wait_for(
+            lambda: _replaced(service, before, victim), within=20.0, what="a new worker in place of the killed one"
+        )
         replaced_in = fresh.now() - killed_fresh
         fresh_answers, kept_answers = fresh.join(), kept.join()
         assert service.process.poll() is None, "the arbiter died"
 
     failed_fresh = [a for a in fresh_answers if a.status != 200]
     failed_kept = [a for a in kept_answers if a.status != 200]
-    print(f"\nworker {victim} killed at {killed_fresh:.2f} s, replaced by {set(after) - set(before)} "
-          f"{replaced_in:.2f} s later; new connections: {describe(fresh_answers)}; "
-          f"kept-alive: {describe(kept_answers)}; "
-          f"errors: {sorted({a.error.split(':')[0] for a in failed_fresh + failed_kept})}")
+    print(
+        f"\nworker {victim} killed at {killed_fresh:.2f} s, replaced by {set(after) - set(before)} "
+        f"{replaced_in:.2f} s later; new connections: {describe(fresh_answers)}; "
+        f"kept-alive: {describe(kept_answers)}; "
+        f"errors: {sorted({a.error.split(':')[0] for a in failed_fresh + failed_kept})}"
+    )
 
     assert len(after) == WORKERS and victim not in after
     # No error ever comes from a worker that lives: no 5xx, only connections the dead one broke.

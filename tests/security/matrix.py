@@ -52,7 +52,7 @@ def read_table(text: str | None = None) -> list[Row]:
     header = _cells(lines[start])
     assert tuple(header[2:]) == CALLERS, f"the table's callers are {header[2:]}, expected {list(CALLERS)}"
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         cells = _cells(line)
@@ -115,8 +115,7 @@ def schema_operations() -> dict[str, set[str]]:
     operations = {}
     for path, item in schema["paths"].items():
         route = by_schema_path.get(path, path)
-        operations[route] = {method.upper() for method in item if method in
-                             ("get", "put", "patch", "post", "delete")}
+        operations[route] = {method.upper() for method in item if method in ("get", "put", "patch", "post", "delete")}
     return operations
 
 

@@ -6,13 +6,13 @@ can slip by: an endpoint without a row fails, and so does a row without an endpo
 import json
 
 import pytest
+from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from django.contrib import admin
 from django.contrib.auth.models import Group
 from django.contrib.contenttypes.models import ContentType
 from django.test import RequestFactory
 from rest_framework.test import APIClient
 
-from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from policies.models import Tier
 
 from .conftest import make_token, revoked_token
@@ -38,8 +38,9 @@ SAMPLE_URLS = {
     "/admin/dashboard/dry-run/": "/admin/dashboard/dry-run/?level=team&key=acme&cost=1",
     "/admin/dashboard/reset/": "/admin/dashboard/reset/?level=team&key=acme",
     "/admin/autocomplete/": "/admin/autocomplete/?app_label=policies&model_name=tenant&field_name=tier&term=p",
-    "/admin/r/<path:content_type_id>/<path:object_id>/":
-        lambda: f"/admin/r/{ContentType.objects.get_for_model(Tier).pk}/{Tier.objects.get(name='pro').pk}/",
+    "/admin/r/<path:content_type_id>/<path:object_id>/": lambda: (
+        f"/admin/r/{ContentType.objects.get_for_model(Tier).pk}/{Tier.objects.get(name='pro').pk}/"
+    ),
     "/admin/<app_label>/": "/admin/policies/",
     "/admin/<url>": "/admin/no-such-page/",
 }
@@ -55,16 +56,25 @@ BODIES = {
     ("PUT", "/api/v1/tiers/<str:name>"): {"name": "pro", "rules": {"user": [BUCKET]}, "version": 1},
     ("PATCH", "/api/v1/tiers/<str:name>"): {"rules": {"team": [BUCKET]}, "version": 1},
     ("POST", "/api/v1/tenants"): {"key": "newco", "tier": "free"},
-    ("PUT", "/api/v1/tenants/<path:key>"): {"key": "acme", "tier": "free", "overrides": {},
-                                            "overrides_until": None, "version": 1},
+    ("PUT", "/api/v1/tenants/<path:key>"): {
+        "key": "acme",
+        "tier": "free",
+        "overrides": {},
+        "overrides_until": None,
+        "version": 1,
+    },
     ("PATCH", "/api/v1/tenants/<path:key>"): {"tier": "free", "version": 1},
     ("POST", "/api/v1/levels"): {"name": "region"},
-    ("PUT", "/api/v1/levels/<str:name>"): {"name": "user", "position": 0, "fail_mode": "closed",
-                                           "fallback_fraction": 0.25, "version": 1},
+    ("PUT", "/api/v1/levels/<str:name>"): {
+        "name": "user",
+        "position": 0,
+        "fail_mode": "closed",
+        "fallback_fraction": 0.25,
+        "version": 1,
+    },
     ("PATCH", "/api/v1/levels/<str:name>"): {"fail_mode": "closed", "version": 1},
     ("POST", "/api/v1/priorities"): {"name": "bulk", "watermark": 0.5},
-    ("PUT", "/api/v1/priorities/<str:name>"): {"name": "batch", "watermark": 0.3, "levels": ["global"],
-                                               "version": 1},
+    ("PUT", "/api/v1/priorities/<str:name>"): {"name": "batch", "watermark": 0.3, "levels": ["global"], "version": 1},
     ("PATCH", "/api/v1/priorities/<str:name>"): {"watermark": 0.3, "version": 1},
     ("PUT", "/api/v1/settings"): {"default_tier": "pro"},
     ("PATCH", "/api/v1/settings"): {"default_tier": "pro"},
@@ -86,8 +96,13 @@ def world(loaded, operator, member):
     """SPEC.md's policy, an operator, a member, and a row of every model the admin shows."""
     Group.objects.create(name="operators")
     make_token("decide", "edge-gateway")
-    seen = {"user_agent": "test", "ip_address": "127.0.0.1", "username": "operator", "http_accept": "*/*",
-            "path_info": "/admin/login/"}
+    seen = {
+        "user_agent": "test",
+        "ip_address": "127.0.0.1",
+        "username": "operator",
+        "http_accept": "*/*",
+        "path_info": "/admin/login/",
+    }
     AccessAttempt.objects.create(**seen, get_data="", post_data="", failures_since_start=1)
     AccessLog.objects.create(**seen)
     AccessFailureLog.objects.create(**seen)
@@ -98,8 +113,11 @@ def caller_client(caller: str, world) -> APIClient:
     client = APIClient(enforce_csrf_checks=True)
     client.cookies["csrftoken"] = CSRF_SECRET
     headers = {"HTTP_X_CSRFTOKEN": CSRF_SECRET}
-    token = {"decide token": lambda: make_token("decide"), "admin token": lambda: make_token("admin", "ops"),
-             "revoked token": revoked_token}.get(caller)
+    token = {
+        "decide token": lambda: make_token("decide"),
+        "admin token": lambda: make_token("admin", "ops"),
+        "revoked token": revoked_token,
+    }.get(caller)
     if token is not None:
         headers["HTTP_AUTHORIZATION"] = f"Bearer {token()}"
     if caller == "staff session":
@@ -113,8 +131,9 @@ def caller_client(caller: str, world) -> APIClient:
 def call(client: APIClient, method: str, url: str, route: str):
     body = BODIES.get((method, route))
     if route.startswith("/api/"):
-        return client.generic(method, url, data="" if body is None else json.dumps(body),
-                              content_type="application/json")
+        return client.generic(
+            method, url, data="" if body is None else json.dumps(body), content_type="application/json"
+        )
     if method == "GET":
         return client.get(url)
     return client.post(url, body or {})
@@ -154,7 +173,7 @@ def model_admin_allows(operator, model, route: str, method: str) -> bool:
     request = RequestFactory().generic(method, "/")
     request.user = operator
     obj = sample_object(model)
-    page = route[len(MODEL_PREFIX):]
+    page = route[len(MODEL_PREFIX) :]
     if page == "add/":
         return model_admin.has_add_permission(request)
     if page.endswith("delete/"):
@@ -174,8 +193,12 @@ def expected_for(row, caller: str, route: str, method: str, model, world) -> str
 # --- the matrix --------------------------------------------------------------------------------
 
 
-CELLS = [pytest.param(row, method, caller, id=f"{method} {row.path} as {caller}")
-         for row in ROWS for method in row.methods for caller in CALLERS]
+CELLS = [
+    pytest.param(row, method, caller, id=f"{method} {row.path} as {caller}")
+    for row in ROWS
+    for method in row.methods
+    for caller in CALLERS
+]
 
 
 @pytest.mark.parametrize("row, method, caller", CELLS)

@@ -79,8 +79,9 @@ def test_a_csrf_token_that_is_not_the_cookies_is_a_403(browser):
 
 def test_a_call_from_another_origin_is_a_403_even_with_the_token(browser):
     token = csrf_cookie(browser)
-    response = call(browser, "post", "/api/v1/decisions", {"keys": ACME}, HTTP_X_CSRFTOKEN=token,
-                    HTTP_ORIGIN="https://evil.example")
+    response = call(
+        browser, "post", "/api/v1/decisions", {"keys": ACME}, HTTP_X_CSRFTOKEN=token, HTTP_ORIGIN="https://evil.example"
+    )
     assert response.status_code == 403
 
 
@@ -98,8 +99,14 @@ def test_a_token_call_needs_no_csrf_token(loaded, method, url, body):
 def test_a_bad_token_is_a_401_even_beside_a_good_session(browser):
     """A request that carries a Bearer token is judged by it alone, never by the cookie too."""
     token = csrf_cookie(browser)
-    response = call(browser, "post", "/api/v1/decisions", {"keys": ACME}, HTTP_X_CSRFTOKEN=token,
-                    HTTP_AUTHORIZATION="Bearer la_000000000000_not-a-token")
+    response = call(
+        browser,
+        "post",
+        "/api/v1/decisions",
+        {"keys": ACME},
+        HTTP_X_CSRFTOKEN=token,
+        HTTP_AUTHORIZATION="Bearer la_000000000000_not-a-token",
+    )
     assert response.status_code == 401
 
 
@@ -137,8 +144,9 @@ def test_the_dashboards_reset_without_the_csrf_token_is_a_403_and_resets_nothing
 
 def test_the_dashboards_reset_with_the_token_of_its_page_goes_through(console):
     page = console.get("/admin/dashboard/reset/", {"level": "team", "key": "acme"}).content.decode()
-    response = console.post("/admin/dashboard/reset/",
-                            {"level": "team", "key": "acme", "csrfmiddlewaretoken": form_token(page)})
+    response = console.post(
+        "/admin/dashboard/reset/", {"level": "team", "key": "acme", "csrfmiddlewaretoken": form_token(page)}
+    )
     assert response.status_code == 302
     assert LogEntry.objects.count() == 1
 
@@ -160,7 +168,9 @@ def test_the_login_form_without_the_csrf_token_is_a_403(operator_with_password):
 def test_the_login_form_with_its_token_logs_in(operator_with_password):
     browser = Client(enforce_csrf_checks=True)
     page = browser.get("/admin/login/").content.decode()
-    response = browser.post("/admin/login/?next=/admin/", {"username": "operator", "password": OPERATOR_PASSWORD,
-                                                           "csrfmiddlewaretoken": form_token(page)})
+    response = browser.post(
+        "/admin/login/?next=/admin/",
+        {"username": "operator", "password": OPERATOR_PASSWORD, "csrfmiddlewaretoken": form_token(page)},
+    )
     assert response.status_code == 302 and response["Location"] == "/admin/"
     assert browser.get("/admin/").status_code == 200

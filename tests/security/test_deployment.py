@@ -19,28 +19,43 @@ HOST = "limiter.example.com"
 
 def environment(tmp_path, **variables) -> dict:
     """The process's environment with the settings' variables replaced by these only."""
-    env = {name: value for name, value in os.environ.items()
-           if name not in ("DEBUG", "HTTPS_ONLY", "SECRET_KEY", "ALLOWED_HOSTS", "CSRF_TRUSTED_ORIGINS",
-                           "REDIS_URL")}
-    return {**env, "DJANGO_SETTINGS_MODULE": "limiter_admin.settings",
-            "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", **variables}
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in ("DEBUG", "HTTPS_ONLY", "SECRET_KEY", "ALLOWED_HOSTS", "CSRF_TRUSTED_ORIGINS", "REDIS_URL")
+    }
+    return {
+        **env,
+        "DJANGO_SETTINGS_MODULE": "limiter_admin.settings",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        **variables,
+    }
 
 
 def production(tmp_path, **more) -> dict:
-    return environment(tmp_path, **{"DEBUG": "0", "HTTPS_ONLY": "1", "SECRET_KEY": secrets.token_urlsafe(50),
-                                    "ALLOWED_HOSTS": HOST, **more})
+    return environment(
+        tmp_path,
+        **{"DEBUG": "0", "HTTPS_ONLY": "1", "SECRET_KEY": secrets.token_urlsafe(50), "ALLOWED_HOSTS": HOST, **more},
+    )
 
 
 def deploy_check(env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def in_django(env, code: str) -> dict:
     """Run `code` in a fresh Django process with `env`; it leaves its findings in `out`."""
     script = "import django, json\ndjango.setup()\nout = {}\n" + textwrap.dedent(code) + "\nprint(json.dumps(out))"
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -124,8 +139,7 @@ def test_https_answers_carry_hsts_and_the_hardening_headers(behind_tls):
 
 
 def test_the_csrf_cookie_is_secure_behind_tls(behind_tls):
-    assert behind_tls["login_https"]["cookies"]["csrftoken"] == {"secure": True, "httponly": False,
-                                                                  "samesite": "Lax"}
+    assert behind_tls["login_https"]["cookies"]["csrftoken"] == {"secure": True, "httponly": False, "samesite": "Lax"}
 
 
 def test_trusted_origins_come_from_the_environment(behind_tls):
@@ -146,9 +160,17 @@ def test_debug_off_without_https_only_still_serves_plain_http_on_loopback(tmp_pa
 
 def test_the_session_cookie_is_secure_and_out_of_scripts_reach_behind_tls(tmp_path):
     env = production(tmp_path)
-    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True,
-                   capture_output=True, timeout=120)
-    found = in_django(env, f"""
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    found = in_django(
+        env,
+        f"""
         from django.contrib.auth import get_user_model
         from django.test import Client
         get_user_model().objects.create_superuser("operator", password="a-long-test-password-9")
@@ -158,6 +180,7 @@ def test_the_session_cookie_is_secure_and_out_of_scripts_reach_behind_tls(tmp_pa
         out["status"] = response.status_code
         out["session"] = {{"secure": bool(cookie["secure"]), "httponly": bool(cookie["httponly"]),
                           "samesite": cookie["samesite"], "max_age": cookie["max-age"]}}
-    """)
+    """,
+    )
     assert found["status"] == 302
     assert found["session"] == {"secure": True, "httponly": True, "samesite": "Lax", "max_age": 43200}

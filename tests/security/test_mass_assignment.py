@@ -23,8 +23,21 @@ RESOURCES = {
     "settings": (None, "/api/v1/settings", None),
 }
 # Fields the server owns, by their model's names and by names a client might guess.
-SERVER_FIELDS = ["id", "pk", "created_at", "updated_at", "history", "history_id", "policy_version",
-                 "tier_id", "level_id", "default_tier_id", "rules_id", "position_id", "owner"]
+SERVER_FIELDS = [
+    "id",
+    "pk",
+    "created_at",
+    "updated_at",
+    "history",
+    "history_id",
+    "policy_version",
+    "tier_id",
+    "level_id",
+    "default_tier_id",
+    "rules_id",
+    "position_id",
+    "owner",
+]
 
 
 @pytest.fixture
@@ -98,9 +111,19 @@ def test_the_token_admin_keeps_digest_prefix_scope_and_creation_time_whatever_is
     row = ServiceToken.objects.get(prefix=token.split("_")[1])
     kept = (row.digest, row.prefix, row.scope, row.created_at)
     client.force_login(operator)
-    response = client.post(f"/admin/policies/servicetoken/{row.pk}/change/", {
-        "name": "renamed", "scope": "admin", "prefix": "0" * 12, "digest": "0" * 64,
-        "created_at_0": "2020-01-01", "created_at_1": "00:00:00", "revoked_at_0": "", "revoked_at_1": ""})
+    response = client.post(
+        f"/admin/policies/servicetoken/{row.pk}/change/",
+        {
+            "name": "renamed",
+            "scope": "admin",
+            "prefix": "0" * 12,
+            "digest": "0" * 64,
+            "created_at_0": "2020-01-01",
+            "created_at_1": "00:00:00",
+            "revoked_at_0": "",
+            "revoked_at_1": "",
+        },
+    )
     assert response.status_code == 302, response.content[:500]
     row.refresh_from_db()
     assert row.name == "renamed"
@@ -114,8 +137,9 @@ def test_a_revoked_token_cannot_be_brought_back_through_the_admin(loaded, operat
     row.revoked_at = timezone.now()
     row.save(update_fields=["revoked_at"])
     client.force_login(operator)
-    client.post(f"/admin/policies/servicetoken/{row.pk}/change/",
-                {"name": "retired", "revoked_at_0": "", "revoked_at_1": ""})
+    client.post(
+        f"/admin/policies/servicetoken/{row.pk}/change/", {"name": "retired", "revoked_at_0": "", "revoked_at_1": ""}
+    )
     row.refresh_from_db()
     assert row.revoked_at is not None
     assert APIClient(HTTP_AUTHORIZATION=f"Bearer {token}").get("/api/v1/tiers").status_code == 401

@@ -17,8 +17,7 @@ def busy(loaded):
     tokens = [make_token("decide", "edge"), make_token("admin", "ops")]
     gateway = APIClient(HTTP_AUTHORIZATION=f"Bearer {tokens[0]}")
     for _ in range(12):  # the free tier's user bucket holds 10
-        gateway.post("/api/v1/decisions", {"keys": {"user": USER_KEY, "team": TEAM_KEY, "global": "*"}},
-                     format="json")
+        gateway.post("/api/v1/decisions", {"keys": {"user": USER_KEY, "team": TEAM_KEY, "global": "*"}}, format="json")
     return tokens
 
 

@@ -13,8 +13,9 @@ def admin(loaded):
     return APIClient(HTTP_AUTHORIZATION=f"Bearer {make_token('admin', 'ops')}")
 
 
-@pytest.mark.parametrize("query", ["limit=abc", "limit=0", "limit=-1", "offset=null", "offset=-2", "limit=1.5",
-                                   "limit=%EF%BC%91"])  # a full-width digit one
+@pytest.mark.parametrize(
+    "query", ["limit=abc", "limit=0", "limit=-1", "offset=null", "offset=-2", "limit=1.5", "limit=%EF%BC%91"]
+)  # a full-width digit one
 def test_a_list_refuses_a_limit_or_offset_that_is_not_a_whole_number(admin, query):
     response = admin.get(f"/api/v1/tiers?{query}")
     assert response.status_code == 400, response.content

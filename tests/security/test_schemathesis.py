@@ -40,8 +40,9 @@ def token(loaded, scope):
 
 @pytest.fixture
 def live_schema(token):
-    return schemathesis.openapi.from_wsgi("/api/schema/", get_wsgi_application(),
-                                          headers={"Authorization": f"Bearer {token}"})
+    return schemathesis.openapi.from_wsgi(
+        "/api/schema/", get_wsgi_application(), headers={"Authorization": f"Bearer {token}"}
+    )
 
 
 @pytest.fixture
@@ -60,8 +61,9 @@ def afresh(live_schema):
 
 
 @schemathesis.pytest.from_fixture("live_schema").parametrize()
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+)
 def test_every_operation_passes_every_check(case, token, afresh):
     afresh(case.operation.label)
     case.call_and_validate(headers={"Authorization": f"Bearer {token}"})

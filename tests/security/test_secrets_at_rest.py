@@ -52,8 +52,12 @@ def credentials(loaded):
     row = ServiceToken.objects.get(prefix=retired.split("_")[1])
     row.revoked_at = timezone.now()
     row.save(update_fields=["revoked_at"])
-    assert APIClient(HTTP_AUTHORIZATION=f"Bearer {decide}").post(
-        "/api/v1/decisions", {"keys": {"team": "acme"}}, format="json").status_code == 200
+    assert (
+        APIClient(HTTP_AUTHORIZATION=f"Bearer {decide}")
+        .post("/api/v1/decisions", {"keys": {"team": "acme"}}, format="json")
+        .status_code
+        == 200
+    )
     password = ensure_operator()
     Client().post("/admin/login/", {"username": "operator", "password": FAILED_PASSWORD})
     return {"tokens": [decide, admin, retired], "password": password}
@@ -119,12 +123,25 @@ def test_the_database_files_bytes_hold_no_token_and_no_password(tmp_path):
     database = tmp_path / "db.sqlite3"
     env = {**os.environ, "DATABASE_URL": f"sqlite:///{database}", "DJANGO_SETTINGS_MODULE": "limiter_admin.settings"}
     env.pop("REDIS_URL", None)
-    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True,
-                   capture_output=True, timeout=120)
-    subprocess.run([sys.executable, "manage.py", "loadpolicies", "demo"], cwd=ROOT, env=env, check=True,
-                   capture_output=True, timeout=120)
-    done = subprocess.run([sys.executable, "-c", SCRIPT, FAILED_PASSWORD], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    subprocess.run(
+        [sys.executable, "manage.py", "loadpolicies", "demo"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, FAILED_PASSWORD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     made = json.loads(done.stdout.strip().splitlines()[-1])
     assert made["statuses"] == [200, 200]  # a decision made, a login refused (and recorded)

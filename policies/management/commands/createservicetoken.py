@@ -1,12 +1,15 @@
 """Make a service token for a gateway or script; the token is printed alone on the last line."""
+
 from django.core.management.base import BaseCommand, CommandError
 
 from policies.tokens import SCOPES, issue_token
 
 
 class Command(BaseCommand):
-    help = ("Create an API token. `decide` may ask for decisions and reservations; `admin` may "
-            "call everything. The token is shown once, on the last line: only its digest is stored.")
+    help = (
+        "Create an API token. `decide` may ask for decisions and reservations; `admin` may "
+        "call everything. The token is shown once, on the last line: only its digest is stored."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="who will use the token, e.g. the gateway's name")

@@ -1,4 +1,5 @@
 """Make sure an operator (superuser) account exists, printing its credentials once."""
+
 import secrets
 
 from django.contrib.auth import get_user_model
@@ -13,9 +14,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--username", default="operator")
-        parser.add_argument(
-            "--reset", action="store_true", help="give an existing account a new password"
-        )
+        parser.add_argument("--reset", action="store_true", help="give an existing account a new password")
 
     def handle(self, *args, username, reset, **options):
         user = get_user_model().objects.filter(username=username).first()

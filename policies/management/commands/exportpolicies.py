@@ -1,4 +1,5 @@
 """Write the policy store as a policy file (YAML, or JSON for a .json name); stdout without FILE."""
+
 from pathlib import Path
 
 from django.core.management.base import BaseCommand

@@ -1,4 +1,5 @@
 """Replace the whole policy store with a policy file (YAML or JSON), or change nothing."""
+
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
@@ -20,8 +21,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("file")
-        parser.add_argument("--if-empty", action="store_true",
-                            help="load only into an empty store (no tiers yet), so edits survive restarts")
+        parser.add_argument(
+            "--if-empty",
+            action="store_true",
+            help="load only into an empty store (no tiers yet), so edits survive restarts",
+        )
 
     def handle(self, *args, file, if_empty, **options):
         path = self._resolve(file)
@@ -36,8 +40,10 @@ class Command(BaseCommand):
         except DatabaseError as error:
             # One transaction: a load that fails part way leaves the store as it was.
             raise CommandError(f"the policy database is unreachable; nothing was loaded: {error}") from None
-        self.stdout.write(f"Loaded {path}: {len(checked['levels'])} levels, {len(checked['tiers'])} tiers, "
-                          f"{len(checked['tenants'])} tenants, {len(checked['priorities'])} priority classes.")
+        self.stdout.write(
+            f"Loaded {path}: {len(checked['levels'])} levels, {len(checked['tiers'])} tiers, "
+            f"{len(checked['tenants'])} tenants, {len(checked['priorities'])} priority classes."
+        )
 
     @staticmethod
     def _resolve(file: str) -> Path:
