@@ -3,8 +3,8 @@ side by side in one process with:
 
 - the `limits` library's MemoryStorage doing the same three levels as three `hit` calls,
   with its fixed window and its moving window;
-- a plain, unlocked reference loop in the style of seed 003 (dict of tuples per rule,
-  check every rule, then take from every rule), which is neither thread-safe nor bounded.
+- a plain, unlocked reference loop (a dict of tuples per rule: check every rule, then take
+  from every rule), the shortest correct two-phase limiter, neither thread-safe nor bounded.
 
 Run: .venv/bin/python bench/engine.py [--decisions N] [--rounds R]
 Each contender runs R rounds interleaved with the others; the best round counts.
@@ -34,7 +34,7 @@ LIMITS = {"user": (100, 50), "team": (2000, 1000), "global": (1_000_000, 100_000
 
 
 class ReferenceBucket:
-    """Token bucket as seed 003 writes it: state in a dict, refill computed in both phases."""
+    """The plainest token bucket: state in a dict, refill computed in both phases."""
 
     def __init__(self, capacity: float, per_second: float) -> None:
         self.capacity, self.rate, self.state = capacity, per_second, {}
@@ -137,7 +137,7 @@ def main() -> None:
     requests = workload(args.decisions)
     contenders = {
         "ours: 3-level, thread-safe, bounded": run_ours,
-        "reference: seed-003 loop, unlocked": run_reference,
+        "reference: plain loop, unlocked": run_reference,
         "limits: fixed window x3": lambda r: run_limits(r, strategies.FixedWindowRateLimiter),
         "limits: moving window x3": lambda r: run_limits(r, strategies.MovingWindowRateLimiter),
     }
