@@ -360,7 +360,16 @@ def _rule_row(rule: dict) -> dict:
         "value": _round(value),
         "most": most,
         "full_in": _duration(state.get("full_in"), never="never (does not refill)", zero="full now"),
+        "debt": _debt(state),
     }
+
+
+def _debt(state: dict) -> str | None:
+    """For a bucket below zero (a settled charge above its estimate): when it is back above."""
+    clears_in = state.get("debt_clears_in", 0.0)  # null in JSON: it never refills
+    if clears_in == 0.0:
+        return None
+    return f"in debt: back above zero in {_duration(clears_in)}" if clears_in else "in debt for good (never refills)"
 
 
 def reset_buckets(request, query: BucketQuery) -> None:
