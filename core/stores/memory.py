@@ -147,7 +147,7 @@ class MemoryStore(Store):
 
     def decide(self, plan: MemoryPlan, cost: float, now: float, lease: str | None) -> Outcome:
         if plan.lean is not None:
-            return plan.lean(cost, now)  # takes the locks and counts the write itself
+            return plan.lean(cost, now)  # takes the locks and counts the decision itself
         with _Locked(plan.locks):
             outcome = self._decide(plan.slots, cost, now, lease)
         self._count_decision(now)
