@@ -63,7 +63,7 @@ def compile_lean(slots: list, locks: list, store: MemoryStore) -> Callable[..., 
         return lambda cost, now, lease=None: allowed(INFINITY)
     shape = (len(locks), tuple(per_request for *_, per_request in slots))
     make = _LEAN_MAKERS.get(shape) or _LEAN_MAKERS.setdefault(shape, _lean_maker(*shape))
-    values = [deny_after(slots, store), store._decisions, store._sweep_next]
+    values = [deny_after(slots), store._decisions, store._sweep_next]
     values += [lock.acquire for lock in locks] + [lock.release for lock in locks]
     for rule, table, name, floor, _, _ in slots:
         values += [rule.attempt, table.get, table, name, floor]
@@ -74,9 +74,9 @@ _LEAN_MAKERS: dict[tuple, Callable] = {}
 
 
 def _lean_maker(locks: int, counts_requests: tuple) -> Callable:
-    # `deny` counts the decision it makes; an allowed one is counted once its states are
-    # written. The count is read once the locks are let go, so that a sweep, which takes a
-    # shard's lock, never runs under them.
+    # Every decision, allowed or denied, is counted once the locks are let go (in `finally`,
+    # which a denial's return goes through too), so that a sweep, which takes a shard's
+    # lock, never runs under them.
     params = ["deny", "decisions", "sweep"] + [f"lock{j}" for j in range(locks)]
     params += [f"unlock{j}" for j in range(locks)]
     lines = [f"        lock{j}()" for j in range(locks)] + ["        try:"]
@@ -88,9 +88,8 @@ def _lean_maker(locks: int, counts_requests: tuple) -> Callable:
             f"            if s{i}.__class__ is float: return deny({i}, s{i}, cost, now)",
         ]
     lines += [f"            t{i}[n{i}] = s{i}" for i in range(len(counts_requests))]
-    lines += ["            decisions[0] += 1", "        finally:"]
-    lines += [f"            unlock{j}()" for j in reversed(range(locks))]
-    lines += ["            if decisions[0] >= decisions[1]: sweep(now)"]
+    lines += ["            pass", "        finally:"] + [f"            unlock{j}()" for j in reversed(range(locks))]
+    lines += ["            decisions[0] += 1", "            if decisions[0] >= decisions[1]: sweep(now)"]
     lines += ["        left = INFINITY"]
     lines += [f"        if s{i}[1] < left: left = s{i}[1]" for i in range(len(counts_requests))]
     lines += ["        return new(Decision, (True, 0.0, None, OK, left, False, None, NO_NAMES))"]
@@ -110,9 +109,8 @@ def _lean_maker(locks: int, counts_requests: tuple) -> Callable:
     return namespace["make"]
 
 
-def deny_after(slots: list, store: MemoryStore) -> Callable[[int, float, float, float], Finding]:
-    """The lean decision's denial, counted towards the store's next sweep."""
-    return partial(MemoryStore._deny, slots, store._decisions)
+def deny_after(slots: list) -> Callable[[int, float, float, float], Finding]:
+    return partial(MemoryStore._deny, slots)
 
 
 class MemoryStore(Store):
@@ -163,10 +161,8 @@ class MemoryStore(Store):
             self._sweep_next(now)
 
     @staticmethod
-    def _deny(slots: list, decisions: list[int], blocker: int, worst: float, cost: float, now: float) -> Finding:
-        """A lean decision stopped at `blocker`: only the rules after it can wait longer.
-        Counts the decision in `decisions` (the store's); the caller sweeps if it is due."""
-        decisions[0] += 1
+    def _deny(slots: list, blocker: int, worst: float, cost: float, now: float) -> Finding:
+        """A lean decision stopped at `blocker`: only the rules after it can wait longer."""
         for i in range(blocker + 1, len(slots)):
             rule, table, name, floor, _, per_request = slots[i]
             wait = rule.wait(table.get(name), now, 1.0 if per_request else cost, floor)
