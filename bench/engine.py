@@ -6,11 +6,13 @@ side by side in one process with:
 - a plain, unlocked reference loop (a dict of tuples per rule: check every rule, then take
   from every rule), the shortest correct two-phase limiter, neither thread-safe nor bounded.
 
-Run: .venv/bin/python bench/engine.py [--decisions N] [--rounds R]
+Run: .venv/bin/python bench/engine.py [--decisions N] [--rounds R] [--tight] [--against CHECKOUT]
 Each contender runs R rounds interleaved with the others, each in turn going first; the best
 round counts. A round is timed in CPU seconds of this process (time.process_time), so that
 other processes on a busy machine count for little, and starts after a garbage collection,
-so that no contender pays for the garbage of the round before.
+so that no contender pays for the garbage of the round before. `--against CHECKOUT` adds the
+engine of another checkout (`git worktree add /tmp/before <commit>`) as one more contender, so
+that a change is measured against the code it changed, round by round in the same process.
 
 Time is simulated, one decision every 10 microseconds (100,000 a second), and ours and
 the reference read the same timestamps, so both make exactly the same allow/deny
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import os
 import random
 import sys
@@ -86,19 +89,39 @@ def workload(n: int) -> list[dict]:
     return [{"user": user, "team": team, "global": "*"} for user, team in picks]
 
 
-def run_ours(requests: list[dict], allowed: list | None = None) -> float:
+def run_ours(
+    requests: list[dict], allowed: list | None = None, engine: tuple = (HierarchicalLimiter, MemoryStore)
+) -> float:
+    limiter_class, store_class = engine
     config = {level: [{"type": "token_bucket", "capacity": c, "per_second": r}] for level, (c, r) in LIMITS.items()}
     clock = iter(simulated_times(len(requests))).__next__
-    acquire = HierarchicalLimiter.from_config(config, store=MemoryStore(), clock=clock).acquire
+    acquire = limiter_class.from_config(config, store=store_class(), clock=clock).acquire
     start = cpu_seconds()
     for keys in requests:
         acquire(keys)
     elapsed = cpu_seconds() - start
     if allowed is not None:  # a second, untimed pass to count what was admitted
         clock = iter(simulated_times(len(requests))).__next__
-        acquire = HierarchicalLimiter.from_config(config, store=MemoryStore(), clock=clock).acquire
+        acquire = limiter_class.from_config(config, store=store_class(), clock=clock).acquire
         allowed.append(sum(acquire(keys).allowed for keys in requests))
     return elapsed
+
+
+def engine_at(checkout: str) -> tuple:
+    """HierarchicalLimiter and MemoryStore from the core/ of another checkout, imported beside
+    this one's (its modules are put back under their names once it is loaded)."""
+    ours = {name: module for name, module in sys.modules.items() if name == "core" or name.startswith("core.")}
+    for name in ours:
+        del sys.modules[name]
+    sys.path.insert(0, os.path.abspath(checkout))
+    try:
+        other = importlib.import_module("core")
+        return other.HierarchicalLimiter, other.MemoryStore
+    finally:
+        sys.path.pop(0)
+        for name in [name for name in sys.modules if name == "core" or name.startswith("core.")]:
+            del sys.modules[name]
+        sys.modules.update(ours)
 
 
 def run_reference(requests: list[dict], allowed: list | None = None) -> float:
@@ -138,6 +161,11 @@ def main() -> None:
     parser.add_argument(
         "--tight", action="store_true", help="a user bucket of 20 at 10/s, so that about half are denied"
     )
+    parser.add_argument(
+        "--against",
+        metavar="CHECKOUT",
+        help="also time the engine of another checkout (a worktree of an earlier commit), in this process",
+    )
     args = parser.parse_args()
     if args.tight:
         LIMITS["user"] = (20, 10)
@@ -148,6 +176,9 @@ def main() -> None:
         "limits: fixed window x3": lambda r: run_limits(r, strategies.FixedWindowRateLimiter),
         "limits: moving window x3": lambda r: run_limits(r, strategies.MovingWindowRateLimiter),
     }
+    if args.against:
+        other = engine_at(args.against)
+        contenders["ours at --against"] = lambda r: run_ours(r, engine=other)
     best = {name: float("inf") for name in contenders}
     order = list(contenders.items())
     for i in range(args.rounds):
@@ -157,8 +188,10 @@ def main() -> None:
     admitted: list[int] = []
     run_ours(requests, admitted)
     run_reference(requests, admitted)
-    if admitted[0] != admitted[1]:
-        raise SystemExit(f"ours admitted {admitted[0]}, the reference {admitted[1]}: not the same work")
+    if args.against:
+        run_ours(requests, admitted, other)
+    if len(set(admitted)) != 1:
+        raise SystemExit(f"ours, the reference (and --against) admitted {admitted}: not the same work")
     rate = {name: args.decisions / seconds for name, seconds in best.items()}
     ours = rate["ours: 3-level, thread-safe, bounded"]
     print(
