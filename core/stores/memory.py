@@ -16,6 +16,7 @@ Reservation records live in a dict beside the shards; each new reservation drops
 from __future__ import annotations
 
 import heapq
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -63,7 +64,7 @@ def compile_lean(slots: list, locks: list, store: MemoryStore) -> Callable[..., 
         return lambda cost, now, lease=None: allowed(INFINITY)
     shape = (len(locks), tuple(per_request for *_, per_request in slots))
     make = _LEAN_MAKERS.get(shape) or _LEAN_MAKERS.setdefault(shape, _lean_maker(*shape))
-    values = [deny_after(slots), store._decisions, store._sweep_next]
+    values = [deny_after(slots), store._counted, store._sweep_due, store._sweep_next]
     values += [lock.acquire for lock in locks] + [lock.release for lock in locks]
     for rule, table, name, floor, _, _ in slots:
         values += [rule.attempt, table.get, table, name, floor]
@@ -77,7 +78,7 @@ def _lean_maker(locks: int, counts_requests: tuple) -> Callable:
     # Every decision, allowed or denied, is counted once the locks are let go (in `finally`,
     # which a denial's return goes through too), so that a sweep, which takes a shard's
     # lock, never runs under them.
-    params = ["deny", "decisions", "sweep"] + [f"lock{j}" for j in range(locks)]
+    params = ["deny", "counted", "due", "sweep"] + [f"lock{j}" for j in range(locks)]
     params += [f"unlock{j}" for j in range(locks)]
     lines = [f"        lock{j}()" for j in range(locks)] + ["        try:"]
     for i, per_request in enumerate(counts_requests):
@@ -89,7 +90,7 @@ def _lean_maker(locks: int, counts_requests: tuple) -> Callable:
         ]
     lines += [f"            t{i}[n{i}] = s{i}" for i in range(len(counts_requests))]
     lines += ["            pass", "        finally:"] + [f"            unlock{j}()" for j in reversed(range(locks))]
-    lines += ["            decisions[0] += 1", "            if decisions[0] >= decisions[1]: sweep(now)"]
+    lines += ["            if next(counted) >= due[0]: sweep(now)"]
     lines += ["        left = INFINITY"]
     lines += [f"        if s{i}[1] < left: left = s{i}[1]" for i in range(len(counts_requests))]
     lines += ["        return new(Decision, (True, 0.0, None, OK, left, False, None, NO_NAMES))"]
@@ -121,10 +122,10 @@ class MemoryStore(Store):
     def __init__(self, shards: int = 64) -> None:
         self._locks = [threading.Lock() for _ in range(shards)]
         self._tables: list[dict[str, Any]] = [{} for _ in range(shards)]
-        # [decisions so far, the count at which the next shard is swept]: a list, so that
-        # the compiled decisions can count in it too. Threads may race on it and lose a
-        # count now and then: a sweep a little later, which is harmless.
-        self._decisions = [0, SWEEP_MIN_DECISIONS]
+        # Decisions so far (counted by next(): one C call, atomic), and in a list, so that
+        # the compiled decisions read it too, the count at which the next shard is swept.
+        self._counted = itertools.count(1)
+        self._sweep_due = [SWEEP_MIN_DECISIONS]
         self._next_shard = 0
         # Reservation records by id, and (expires_at, id) to drop them once they expire.
         self._records: dict[str, dict] = {}
@@ -156,8 +157,7 @@ class MemoryStore(Store):
 
     def _count_decision(self, now: float) -> None:
         """Count a decision towards the next sweep, and sweep when it is due."""
-        self._decisions[0] += 1
-        if self._decisions[0] >= self._decisions[1]:
+        if next(self._counted) >= self._sweep_due[0]:
             self._sweep_next(now)
 
     @staticmethod
@@ -298,7 +298,9 @@ class MemoryStore(Store):
         shard = self._next_shard
         self._next_shard = (shard + 1) % len(self._tables)
         self._sweep_shard(shard, now)
-        self._decisions[1] = self._decisions[0] + max(SWEEP_MIN_DECISIONS, len(self._tables[shard]) // 2)
+        # From the count that made it due: threads that found it due at once each sweep a
+        # shard and move it on, which only sweeps a little sooner.
+        self._sweep_due[0] += max(SWEEP_MIN_DECISIONS, len(self._tables[shard]) // 2)
 
     def _sweep_shard(self, shard: int, now: float) -> int:
         table = self._tables[shard]
