@@ -344,7 +344,7 @@ def bucket_context(query: BucketQuery, policy) -> dict:
 def _rule_row(rule: dict) -> dict:
     """One rule's live state, as the operator reads it: what is left of how much."""
     state = rule["state"]
-    for field, total, _what in (
+    for field, total, what in (  # noqa: B007  (`what` is read after the loop)
         ("tokens", "capacity", "tokens left"),
         ("in_flight", "limit", "in flight"),
         ("used", "limit", "used in the window"),
