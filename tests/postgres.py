@@ -31,6 +31,7 @@ import pytest
 from pytest_postgresql.executors import PostgreSQLExecutor
 
 SUPERUSER = "postgres"
+STARTUP_TIMEOUT = 60  # seconds for initdb, and for the server to take connections
 # Durability off: a test server's data is thrown away, and each flush of a transactional
 # test would otherwise wait for the disk.
 SERVER_OPTIONS = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
@@ -89,6 +90,7 @@ class PostgresServer:
             startparams="-w",
             dbname="postgres",
             user=SUPERUSER,
+            timeout=STARTUP_TIMEOUT,
             postgres_options=SERVER_OPTIONS,
         )
 
@@ -108,6 +110,10 @@ class PostgresServer:
     def start(self) -> PostgresServer:
         try:
             self.executor.start()
+            # Its port opens before the server takes connections ("the database system is
+            # starting up"); `pg_ctl start -w` exits 0 only once it takes them.
+            if self.executor.process.wait(STARTUP_TIMEOUT) != 0:
+                raise RuntimeError("pg_ctl start failed")
         except Exception:
             log = self.directory / "postgresql.log"
             tail = log.read_text()[-2000:] if log.exists() else ""
