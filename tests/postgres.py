@@ -14,6 +14,7 @@ pytest-django's `django_db_modify_db_settings`: the same tests then run on Postg
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -23,7 +24,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import port_for
@@ -117,6 +117,8 @@ class PostgresServer:
         except Exception:
             log = self.directory / "postgresql.log"
             tail = log.read_text()[-2000:] if log.exists() else ""
+            with contextlib.suppress(Exception):  # a server half started is stopped too
+                self.executor.stop()
             self.remove()
             pytest.fail(f"PostgreSQL did not start on port {self.port}:\n{tail}", pytrace=False)
         return self
@@ -208,7 +210,7 @@ class Writer(threading.Thread):
         return self.result
 
 
-@contextmanager
+@contextlib.contextmanager
 def held_open(model, writer_name: str):
     """The writer named `writer_name`, once it has saved a `model` row inside its transaction,
     holds that transaction open until another one waits for a lock. Yields an event set when
