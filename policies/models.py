@@ -12,6 +12,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import F, Q
+from django.dispatch import Signal
 from simple_history.models import HistoricalRecords
 
 from core import RULES, ConfigError
@@ -57,6 +58,11 @@ class StaleVersion(Exception):
     """A save of a row that someone else changed since it was read (optimistic locking)."""
 
 
+# Sent by a versioned row's save before it writes anything (its version check is a write):
+# the policy version is bumped there, so that every policy write locks the version row first.
+versioned_save = Signal()
+
+
 class Versioned(models.Model):
     """Optimistic locking: every save bumps `version`, and a save of a stale copy is refused."""
 
@@ -67,6 +73,7 @@ class Versioned(models.Model):
 
     def save(self, *args, **kwargs):
         if not self._state.adding and self.pk is not None:
+            versioned_save.send(sender=type(self), instance=self, using=kwargs.get("using") or "default")
             # A conditional UPDATE, so two saves of the same version cannot both win.
             bumped = type(self).objects.filter(pk=self.pk, version=self.version).update(version=F("version") + 1)
             if not bumped:
