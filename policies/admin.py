@@ -5,11 +5,11 @@ type is written here. Tiers, tenants, levels and priority classes carry a hidden
 save of a page that someone changed since it was opened is refused, never silently applied
 over their change.
 Every model keeps its history (django-simple-history), shown by each page's History link.
+The policy's invariants are checked by `policies.invariants`, as the API and the policy file
+check them: this module only shows their refusals.
 """
 
 from __future__ import annotations
-
-import re
 
 from django import forms
 from django.contrib import admin, messages
@@ -20,9 +20,9 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from simple_history.admin import SimpleHistoryAdmin
 
-from core import RULES, ConfigError
-from core.config import parse_levels
+from core import RULES
 
+from .invariants import PolicyViolation, check_deletable, check_owner_rules, check_rule, check_rule_rows
 from .models import Level, PolicySettings, PolicyVersion, PriorityClass, Rule, ServiceToken, StaleVersion, Tenant, Tier
 
 STALE_MESSAGE = (
@@ -72,82 +72,41 @@ class RuleForm(forms.ModelForm):
 
 
 class RuleFormSet(forms.BaseInlineFormSet):
-    """The rules of one tier or tenant, checked together: at most one copy of a rule per
-    level (with the global rules), and at least one rule for a tier."""
+    """The rules of one tier or tenant, checked together with the global rules."""
 
     def clean(self):
         super().clean()
         if any(self.errors):
             return
-        kept = [form.cleaned_data for form in self.forms if form.cleaned_data and not form.cleaned_data.get("DELETE")]
-        if isinstance(self.instance, Tier) and not kept:
-            raise ValidationError("A tier needs at least one rule.")
-        config: dict[str, list[dict]] = {}
-        for data in kept:
-            config.setdefault(data["level"].name, []).append(Rule(**{k: data[k] for k in RuleForm.Meta.fields}).spec())
+        rules: dict[str, list[dict]] = {}
+        for form in self.forms:
+            data = form.cleaned_data
+            if data and not data.get("DELETE"):
+                rule = Rule(**{k: data[k] for k in RuleForm.Meta.fields})
+                rules.setdefault(data["level"].name, []).append(rule.spec())
         try:
-            check_with_global_rules(config)
-        except ConfigError as error:
-            raise ValidationError(f"{error.path}: {error.reason}") from None
-
-
-def check_with_global_rules(rules: dict[str, list[dict]]) -> None:
-    """The rules of one tier or tenant (rule specs by level name) as the limiter will hold
-    them, with each level's global rules: they must build, with no rule twice at a level.
-    Raises ConfigError; its path names the owner's rule (`user[1]`), never a global one.
-    The admin's inlines and the REST API both check with this."""
-    parse_levels(rules)  # on their own first: a repeat among the owner's rules is named in place
-    shared: dict[str, list[dict]] = {}
-    for rule in Rule.objects.filter(tier=None, tenant=None).select_related("level"):
-        shared.setdefault(rule.level.name, []).append(rule.spec())
-    for level, specs in rules.items():
-        if not shared.get(level) or not specs:
-            continue
-        # The global rules first, so the engine reports the repeat at the owner's rule.
-        try:
-            parse_levels({level: [*shared[level], *specs]})
-        except ConfigError as error:
-            index = _rule_index(error.path) - len(shared[level])
-            reason = error.reason.replace("of this level", "of this level's global rules")
-            raise ConfigError(
-                f"{reason} (counting the global rules)", f"{level}[{index}]" if index >= 0 else level
-            ) from None
-
-
-def _rule_index(path: str) -> int:
-    """3 for the engine's path `user[3]`; -1 when the path names no rule."""
-    match = re.search(r"\[(\d+)\]$", path)
-    return int(match.group(1)) if match else -1
+            check_owner_rules("tier" if isinstance(self.instance, Tier) else "tenant", rules)
+        except PolicyViolation as error:
+            raise ValidationError(str(error)) from None
 
 
 class RulePageForm(RuleForm):
-    """A rule edited on its own page: with its owner's rules and the global rules, it must
-    still build a limiter (no rule twice at a level), for every tier it reaches."""
+    """A rule edited on its own page: with it, its owner (before and after) and, for a global
+    rule, every tier and tenant keep the policy's invariants."""
 
     def clean(self):
         data = super().clean()
-        if self.errors:
-            return data
-        candidate = Rule(**{k: data.get(k) for k in RuleForm.Meta.fields if k in data})
-        others = Rule.objects.exclude(pk=self.instance.pk).select_related("level")
-        globals_ = [rule for rule in others if rule.tier_id is None and rule.tenant_id is None]
-        if candidate.tier is not None or candidate.tenant is not None:
-            owner = {"tier": candidate.tier} if candidate.tier is not None else {"tenant": candidate.tenant}
-            groups = [[*others.filter(**owner), *globals_]]
-        else:  # a global rule joins every tier's and every overriding tenant's rules
-            groups = [[rule for rule in others if rule.tier_id == tier.pk] + globals_ for tier in Tier.objects.all()]
-            groups += [
-                [rule for rule in others if rule.tenant_id == tenant.pk] + globals_
-                for tenant in Tenant.objects.filter(rules__isnull=False).distinct()
-            ]
-        for group in groups:
-            config: dict[str, list[dict]] = {}
-            for rule in [*group, candidate]:
-                config.setdefault(rule.level.name, []).append(rule.spec())
-            try:
-                parse_levels(config)
-            except ConfigError as error:
-                raise ValidationError(f"{error.path}: {error.reason} (with the rules it joins)") from None
+        if self.errors or (data.get("tier") and data.get("tenant")):
+            return data  # the field's own error, or the model's (never both owners)
+        candidate = Rule(pk=self.instance.pk, **{k: data.get(k) for k in ["tier", "tenant", *RuleForm.Meta.fields]})
+        try:
+            check_rule(candidate.spec())
+        except PolicyViolation:
+            return data  # the model's validation names the field
+        try:
+            check_rule_rows(save=candidate)
+        except PolicyViolation as error:
+            raise ValidationError(str(error)) from None
         return data
 
 
@@ -225,9 +184,27 @@ class PriorityClassForm(VersionedForm):
         fields = ["name", "watermark", "levels"]
 
 
+def refusing(found: tuple, check) -> tuple:
+    """get_deleted_objects' answer (`found`), refused if `check` (a policy invariant) raises:
+    its reason goes first among the protected objects, which stops the deletion and lists
+    them on its page. That page shows missing delete permissions instead of protected
+    objects when there are both, so those are left out then: the deletion is refused anyway."""
+    deleted, counts, perms_needed, protected = found
+    try:
+        check()
+    except PolicyViolation as error:
+        return deleted, counts, set(), [str(error), *protected]
+    return found
+
+
 class VersionedAdmin(SimpleHistoryAdmin):
     """A save that lost the race to another one (after the form's own check passed) is
-    rolled back and the page reloaded with the error, rather than ending in a 500."""
+    rolled back and the page reloaded with the error, rather than ending in a 500. A row that
+    something still relies on is not deleted (`check_deletable`)."""
+
+    def get_deleted_objects(self, objs, request):
+        found = super().get_deleted_objects(objs, request)
+        return refusing(found, lambda: [check_deletable(row) for row in objs])
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         try:
@@ -316,6 +293,16 @@ class RuleAdmin(SimpleHistoryAdmin):
     def delete_model(self, request, obj):
         super().delete_model(request, obj)
         _bump_owners(obj, None)
+
+    def delete_queryset(self, request, queryset):
+        rules = list(queryset)
+        super().delete_queryset(request, queryset)
+        for rule in rules:
+            _bump_owners(rule, None)
+
+    def get_deleted_objects(self, objs, request):
+        # The rules go together, so they are checked together.
+        return refusing(super().get_deleted_objects(objs, request), lambda: check_rule_rows(delete=objs))
 
     @admin.display(description="owner")
     def owner_name(self, rule):
