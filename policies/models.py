@@ -55,6 +55,22 @@ class PolicyHistory(HistoricalRecords):
         return reason
 
 
+class RulesAtVersion(models.Model):
+    """What a tier's or tenant's history record keeps beyond the row's own fields: the rules
+    it had at that version (`policies.history`), so that reverting to it can put them back."""
+
+    rules = models.JSONField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="Its rule rows at this version: level (id), position, type, params, label, shadow, "
+        "counts. Empty (null) in records made before rules were kept with each version.",
+    )
+
+    class Meta:
+        abstract = True
+
+
 class StaleVersion(Exception):
     """A save of a row that someone else changed since it was read (optimistic locking)."""
 
@@ -118,7 +134,7 @@ class Tier(Versioned):
     """A plan (free, pro, ...): rules for each level."""
 
     name = models.CharField(max_length=64, unique=True, validators=[NAME_VALIDATOR])
-    history = PolicyHistory()
+    history = PolicyHistory(bases=[RulesAtVersion])
 
     class Meta:
         ordering = ["name"]
@@ -136,7 +152,7 @@ class Tenant(Versioned):
     overrides_until = models.DateTimeField(
         null=True, blank=True, help_text="Overrides stop applying at this time; empty: never."
     )
-    history = PolicyHistory()
+    history = PolicyHistory(bases=[RulesAtVersion])
 
     class Meta:
         ordering = ["key"]
@@ -238,7 +254,9 @@ def replace_rules(
 ) -> bool:
     """Make the rules of `owner` (None: the global rules) these specs by level name, replacing
     them all. Left alone when nothing changes, so that the audit trail shows real changes
-    only; True when they changed. The caller has checked them (`policies.invariants`)."""
+    only; True when they changed. The caller has checked them (`policies.invariants`), and
+    saved the owner first in the same transaction: its history record made by that save
+    then holds these rules (`policies.history`)."""
     held = {"tier": owner if isinstance(owner, Tier) else None, "tenant": owner if isinstance(owner, Tenant) else None}
     current = Rule.objects.filter(**held).select_related("level")
     wanted = {level: [Rule.from_spec(spec).spec() for spec in specs] for level, specs in rules.items() if specs}
@@ -249,6 +267,10 @@ def replace_rules(
     for level, specs in wanted.items():
         for position, spec in enumerate(specs):
             Rule.from_spec(spec, level=levels[level], position=position, **held).save()
+    if owner is not None:
+        from .history import record_rules
+
+        record_rules(owner)
     return True
 
 

@@ -48,9 +48,18 @@ def policy_changed(sender=None, using="default", **kwargs) -> None:
 
 
 def connect() -> None:
+    from simple_history.signals import pre_create_historical_record
+
+    from .history import keep_rules
+
     for model in POLICY_MODELS:
         post_save.connect(policy_changed, sender=model, dispatch_uid=f"policies-save-{model.__name__}")
         post_delete.connect(policy_changed, sender=model, dispatch_uid=f"policies-delete-{model.__name__}")
     m2m_changed.connect(
         policy_changed, sender=models.PriorityClass.levels.through, dispatch_uid="policies-m2m-priority-levels"
     )
+    for owner in (models.Tier, models.Tenant):
+        # Each version of a tier or tenant in its history keeps the rules it had then.
+        pre_create_historical_record.connect(
+            keep_rules, sender=owner.history.model, dispatch_uid=f"policies-history-rules-{owner.__name__}"
+        )

@@ -350,6 +350,24 @@ def test_a_global_rule_that_repeats_a_tiers_rule_is_refused_on_the_rule_page(cli
     assert not Rule.objects.filter(tier=None, tenant=None, level=pro_team.level_id).exists()
 
 
+def test_params_that_are_not_a_mapping_are_a_form_error_on_the_rule_page_not_a_500(client, operator, loaded):
+    rule = Tier.objects.get(name="free").rules.first()
+    data = {
+        "tier": rule.tier_id,
+        "tenant": "",
+        "level": rule.level_id,
+        "type": rule.type,
+        "params": json.dumps([1, 2]),
+        "label": "",
+        "counts": "cost",
+        "position": 0,
+    }
+    response = client.post(f"/admin/policies/rule/{rule.pk}/change/", data)
+    assert response.status_code == 200
+    assert "Must be a mapping of parameter names to values." in response.content.decode()
+    assert Rule.objects.get(pk=rule.pk).params == rule.params
+
+
 # --- service tokens ----------------------------------------------------------------------------
 
 
