@@ -14,6 +14,8 @@ their refusals.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -103,7 +105,8 @@ class RulePageForm(RuleForm):
     rule, every tier and tenant keep the policy's invariants."""
 
     def clean(self):
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if self.errors or (data.get("tier") and data.get("tenant")) or not isinstance(data.get("params"), dict):
             return data  # the field's own error, or the model's (never both owners; params a mapping)
         candidate = Rule(pk=self.instance.pk, **{k: data.get(k) for k in ["tier", "tenant", *RuleForm.Meta.fields]})
@@ -162,7 +165,8 @@ class VersionedForm(forms.ModelForm):
         self.fields["opened_version"].initial = self.stored_version
 
     def clean(self):
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         opened_at = data.get("opened_version")
         if self.instance.pk is not None and opened_at != self.stored_version:
             raise ValidationError(STALE_MESSAGE.format(kind=self._meta.model._meta.verbose_name), code="stale")
@@ -276,8 +280,11 @@ class VersionedAdmin(PolicyAdmin):
     """A row that something still relies on is not deleted (`check_deletable`)."""
 
     def get_deleted_objects(self, objs, request):
-        found = super().get_deleted_objects(objs, request)
-        return refusing(found, lambda: [check_deletable(row) for row in objs])
+        def each_deletable() -> None:
+            for row in objs:
+                check_deletable(row)
+
+        return refusing(super().get_deleted_objects(objs, request), each_deletable)
 
 
 class RuleOwnerAdmin(VersionedAdmin):
@@ -403,12 +410,12 @@ class RuleAdmin(PolicyAdmin):
         )
 
 
-def _bump_owners(rule: Rule, before: dict | None) -> None:
+def _bump_owners(rule: Rule, before: Mapping[str, Any] | None) -> None:
     """A rule edited on its own page changes its tier's or tenant's rules: save them after
     it, so that a tier or tenant page opened before refuses to save over it (a new version),
     and their history has a record with these rules."""
-    tiers = {rule.tier_id, (before or {}).get("tier_id")} - {None}
-    tenants = {rule.tenant_id, (before or {}).get("tenant_id")} - {None}
+    tiers = {pk for pk in (rule.tier_id, (before or {}).get("tier_id")) if pk is not None}
+    tenants = {pk for pk in (rule.tenant_id, (before or {}).get("tenant_id")) if pk is not None}
     for owner in [*Tier.objects.filter(pk__in=tiers), *Tenant.objects.filter(pk__in=tenants)]:
         owner.save()
 

@@ -239,9 +239,9 @@ def check_rule_rows(save: Rule | None = None, delete: Iterable[Rule] = ()) -> No
 
 
 def _owner_of(rule: Rule) -> tuple[str, Any]:
-    if rule.tier_id is not None:
+    if rule.tier is not None:
         return ("tier", rule.tier.name)
-    if rule.tenant_id is not None:
+    if rule.tenant is not None:
         return ("tenant", rule.tenant.key)
     return ("global", None)
 

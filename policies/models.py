@@ -86,7 +86,8 @@ class Versioned(models.Model):
     def save(self, *args, **kwargs):
         if not self._state.adding and self.pk is not None:
             # A conditional UPDATE, so two saves of the same version cannot both win.
-            bumped = type(self).objects.filter(pk=self.pk, version=self.version).update(version=F("version") + 1)
+            stored = type(self)._default_manager.filter(pk=self.pk, version=self.version)
+            bumped = stored.update(version=F("version") + 1)
             if not bumped:
                 raise StaleVersion(f"{self._meta.verbose_name} {self} changed since you opened it")
             self.version += 1
@@ -96,7 +97,7 @@ class Versioned(models.Model):
         # One wording for a name taken, whoever asks: the admin's form, the API (a 409).
         if len(unique_check) == 1:
             value = getattr(self, unique_check[0])
-            return ValidationError(taken(self._meta.verbose_name, value), code="unique")
+            return ValidationError(taken(str(self._meta.verbose_name), value), code="unique")
         return super().unique_error_message(model_class, unique_check)
 
 

@@ -31,8 +31,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core import RULES
+from core.config import FAIL_MODES
 from policies.invariants import NAME_VALIDATOR, PolicyViolation, check_owner_rules, check_rule, unknown
-from policies.models import Level, PriorityClass, Rule, Tenant, Tier, replace_rules, rule_specs
+from policies.models import Level, PolicySettings, PriorityClass, Rule, Tenant, Tier, replace_rules, rule_specs
 
 from .errors import conflict
 from .schema_hooks import keyed_by_level, names_of
@@ -473,7 +474,7 @@ class LevelSerializer(StrictSerializer):
         help_text="Evaluation order, lower first. Default: after the last level.",
     )
     fail_mode = serializers.ChoiceField(
-        choices=Level._meta.get_field("fail_mode").choices,
+        choices=FAIL_MODES,
         required=False,
         help_text=Level._meta.get_field("fail_mode").help_text,
     )
@@ -570,7 +571,7 @@ class SettingsSerializer(StrictSerializer):
     )
 
     def validate(self, attrs):
-        settings = self.instance
+        settings = self.instance or PolicySettings()  # SettingsView reads the row, or makes one
         if "default_tier" in attrs:
             settings.default_tier = attrs["default_tier"]
         full_clean(settings)
