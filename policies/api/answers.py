@@ -93,7 +93,8 @@ def decision_headers(limiter: HierarchicalLimiter, keys: Mapping[str, str], deci
     plan = _header_plan(limiter, tuple(keys))
     headers = {}
     if plan.smallest is not None:
-        item, units = plan.items.get(decision.blocked_by) or plan.smallest
+        blocking = plan.items.get(decision.blocked_by) if decision.blocked_by is not None else None
+        item, units = blocking or plan.smallest
         headers["RateLimit-Policy"] = plan.policy
         limit = limit_item(decision, item, units)
         if limit is not None:
