@@ -35,7 +35,7 @@ Inventory: every invariant, where it was checked before, and where it lives now.
 8. No rule repeats another at its level, counting the level's global rules: the same type
    and parameters are one bucket, whatever the label. Was: the admin (`check_with_global_rules`
    in admin.py, which the API imported, and its own loop on the rule page), the API
-   (`refuse_repeats`) and the file (`_check_compiles`), each with its own message. Now:
+   (its own refuse_repeats) and the file (`_check_compiles`), each with its own message. Now:
    `check_owner_rules`, `check_global_rules` and `check_rule_rows`.
 9. What a policy names exists: a tenant's tier, the default tier, a priority class's levels,
    the levels rules are keyed by. The admin offers only existing rows; the API and the file

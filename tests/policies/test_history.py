@@ -308,6 +308,21 @@ def test_a_version_whose_rules_now_repeat_a_global_rule_is_not_reverted(admin, a
     assert (pro_by_pk(first).name, rules_of(pro_by_pk(first))) == ("renamed", NEW_RULES)
 
 
+def test_a_version_whose_rules_are_at_a_level_deleted_since_is_not_reverted(admin, api):
+    api.post("/api/v1/levels", {"name": "org"}, format="json")
+    api.post("/api/v1/tiers", {"name": "gold", "rules": {"org": NEW_RULES["user"]}}, format="json")
+    gold = Tier.objects.get(name="gold")
+    first = gold.history.earliest()
+    api.put("/api/v1/tiers/gold", {"name": "gold", "rules": NEW_RULES, "version": 1}, format="json")
+    org = Level.objects.get(name="org")
+    assert api.delete("/api/v1/levels/org").status_code == 204
+
+    response = revert(admin, gold, first, follow=True)
+
+    assert f"a rule at level #{org.pk}, which no longer exists" in text(response)
+    assert rules_of(Tier.objects.get(name="gold")) == NEW_RULES
+
+
 def test_only_an_operator_who_may_change_a_tier_can_revert_it(loaded, api):
     from django.contrib.auth.models import Permission
 
