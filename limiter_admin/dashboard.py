@@ -66,7 +66,8 @@ class BucketQuery(forms.Form):
 
     def __init__(self, data, policy, initial=None):
         super().__init__(data, initial=initial or {"level": TENANT_LEVEL})
-        self.fields["level"].choices = [(level, level) for level in policy.levels]
+        # A ChoiceField; Form.fields types each field as Field.
+        self.fields["level"].choices = [(level, level) for level in policy.levels]  # type: ignore[attr-defined]
 
     @property
     def team_key(self) -> str | None:
@@ -92,7 +93,10 @@ class DryRunQuery(BucketQuery):
 
     def __init__(self, data, policy, initial=None):
         super().__init__(data, policy, initial)
-        self.fields["priority"].choices = [("", "none")] + [(name, name) for name in sorted(policy.priorities)]
+        # A ChoiceField; Form.fields types each field as Field.
+        self.fields["priority"].choices = [("", "none")] + [  # type: ignore[attr-defined]
+            (name, name) for name in sorted(policy.priorities)
+        ]
 
     def clean_cost(self):
         cost = self.cleaned_data["cost"]

@@ -64,6 +64,10 @@ def policy_changed(sender=None, using="default", signal=None, action="", **kwarg
 
 
 def connect() -> None:
+    from simple_history.signals import pre_create_historical_record
+
+    from .history import keep_rules
+
     signals = {"pre-save": pre_save, "save": post_save, "pre-delete": pre_delete, "delete": post_delete}
     for model in POLICY_MODELS:
         for name, signal in signals.items():
@@ -72,3 +76,8 @@ def connect() -> None:
     m2m_changed.connect(
         policy_changed, sender=models.PriorityClass.levels.through, dispatch_uid="policies-m2m-priority-levels"
     )
+    for owner in (models.Tier, models.Tenant):
+        # Each version of a tier or tenant in its history keeps the rules it had then.
+        pre_create_historical_record.connect(
+            keep_rules, sender=owner.history.model, dispatch_uid=f"policies-history-rules-{owner.__name__}"
+        )

@@ -111,7 +111,8 @@ class GatewayView(APIView):
         try:
             call = _Call(request, self._authenticate(request))
             for permission in self.get_permissions():
-                if not permission.has_permission(call, self):
+                # The call stands in for DRF's Request: it has what permission classes read.
+                if not permission.has_permission(call, self):  # type: ignore[arg-type]
                     raise exceptions.PermissionDenied(
                         getattr(permission, "message", None), getattr(permission, "code", None)
                     )
@@ -145,13 +146,14 @@ class GatewayView(APIView):
         except exceptions.APIException:
             # DRF's unauthenticated caller (UNAUTHENTICATED_USER) becomes the request's user.
             unauthenticated = api_settings.UNAUTHENTICATED_USER
-            request.user = unauthenticated() if unauthenticated else None
+            request.user = unauthenticated() if callable(unauthenticated) else None
             raise
 
     def _handle_lean_exception(self, exc: Exception, request) -> Response:
         """APIView.handle_exception: the Bearer challenge on a 401, then the exception handler."""
         if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
-            exc.auth_header = self.get_authenticators()[0].authenticate_header(request)
+            # DRF's own attribute (its handle_exception sets it too), which its stubs do not declare.
+            exc.auth_header = self.get_authenticators()[0].authenticate_header(request)  # type: ignore[union-attr]
         context = {"view": self, "args": self.args, "kwargs": self.kwargs, "request": request}
         response = self.get_exception_handler()(exc, context)
         if response is None:
@@ -171,7 +173,9 @@ class GatewayView(APIView):
         Django renders the response."""
         response.accepted_renderer = self.renderer_classes[0]()
         response.accepted_media_type = JSON
-        response.renderer_context = {"view": self, "args": self.args, "kwargs": self.kwargs, "request": request}
+        # Set by DRF's finalize_response too; its stubs do not declare it.
+        context = {"view": self, "args": self.args, "kwargs": self.kwargs, "request": request}
+        response.renderer_context = context  # type: ignore[attr-defined]
         for key, value in self._response_headers().items():
             response[key] = value
         return response

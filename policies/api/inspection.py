@@ -69,9 +69,11 @@ def rule_sources(policy: Policy, team_key: str | None, now: float) -> tuple[dict
     tenant = policy.tenants.get(team_key) if team_key is not None else None
     tier = tenant.tier if tenant is not None else policy.default_tier
     sources = {}
+    overrides = policy.tenants[name].overrides if kind == "tenant" and name is not None else {}
+    tier_rules = policy.tiers.get(tier, {}) if tier is not None else {}
     for level in policy.levels:
-        overridden = kind == "tenant" and level in policy.tenants[name].overrides
-        own = policy.tenants[name].overrides[level] if overridden else policy.tiers.get(tier, {}).get(level, [])
+        overridden = level in overrides
+        own = overrides[level] if overridden else tier_rules.get(level, [])
         origin = f"override: {name}" if overridden else f"tier: {tier}"
         sources[level] = [origin] * len(own) + ["global"] * len(policy.global_rules.get(level, []))
     route = {"tenant": tenant and team_key, "tier": tier, "override": kind == "tenant"}
@@ -107,8 +109,8 @@ def parse_window(value: Any) -> int:
     """`300`, `300s`, `5m`, `1h` or `24h`: seconds, 1 to 86,400."""
     if not isinstance(value, str) or not re.fullmatch(WINDOW_PATTERN, value):
         raise invalid("window", f"must be a duration from 1s to 24h, like 300, 5m or 1h; got {value!r}")
-    number, unit = re.fullmatch(r"([0-9]+)([smhd]?)", value).groups()
-    return int(number) * _UNITS[unit]
+    number = value.rstrip("smhd")  # whole digits, then one unit at most: the pattern matched
+    return int(number) * _UNITS[value[len(number) :]]
 
 
 def blocked_report(window: int, top: int = 10) -> dict:

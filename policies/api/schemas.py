@@ -18,7 +18,9 @@ from .schema_hooks import keyed_by_level, names_of
 class ErrorDetail(serializers.Serializer):
     code = serializers.CharField(help_text="What went wrong, e.g. invalid, not_found, conflict.")
     message = serializers.CharField()
-    fields = serializers.DictField(
+    # The error shape's key. DRF's metaclass takes declared fields out of the class, so this
+    # does not hide Serializer.fields at run time; mypy sees the class body only.
+    fields = serializers.DictField(  # type: ignore[assignment]
         child=serializers.CharField(), help_text="Dotted field paths, e.g. requests.3.cost, with what is wrong there."
     )
 
@@ -99,7 +101,7 @@ class RuleFinding(serializers.Serializer):
     key = serializers.CharField()
     rule = serializers.CharField()
     name = serializers.CharField()
-    label = serializers.CharField(allow_null=True)
+    label = serializers.CharField(allow_null=True)  # type: ignore[assignment]  # as `fields` in ErrorDetail
     shadow = serializers.BooleanField()
     wait = serializers.FloatField(allow_null=True)
     remaining = serializers.FloatField(allow_null=True)
