@@ -11,9 +11,7 @@ from django.contrib.auth import get_user_model
 
 # The API's fixtures, shared: the dashboard reads what the API's decisions leave behind.
 from core.stores.redis import RedisStore
-from tests.api.conftest import (
-    memory_engine,  # noqa: F401
-)
+from tests.api.conftest import api, clock, decide_client, engine, load, memory_engine, policy_doc  # noqa: F401
 
 DASHBOARD = "/admin/dashboard/"
 
