@@ -587,8 +587,8 @@ class DenialStats:
                 self._queue_top(pipe, self._key("uu", hour, tenant), decided, self.user_top_k, ttl)
                 if denied:
                     self._queue_top(pipe, self._key("ux", hour, tenant), denied, self.user_top_k, ttl)
-                for user in users:
-                    seen[_user_member(user, tenant)] = now
+            for user in usage.users:  # every user the buffer kept, not only the hour's top ones
+                seen[_user_member(user, tenant)] = now
         if seen:
             name = self._key("seen")
             pipe.zadd(name, seen)
