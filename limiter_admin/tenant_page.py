@@ -28,7 +28,7 @@ from policies.api.observe import denial_stats
 from policies.api.requests import MAX_KEY_LENGTH
 from policies.compile import TENANT_LEVEL, policy_cache
 from policies.models import StaleVersion, Tenant
-from policies.overrides import MAX_FACTOR, MAX_HOURS, QuickRaiseRefused, raisable, raise_limit
+from policies.overrides import MAX_FACTOR, MAX_HOURS, QuickRaiseRefused, raisable, raise_limit, why_not
 
 from .dashboard import (
     PARTIALS,
@@ -116,6 +116,9 @@ class TenantViews:
             messages.error(request, f"Nothing was raised: {refusal}")
         else:
             _log_raise(request, raised, data)
+            # This worker reads the new policy now (the others within CHECK_EVERY), so the page
+            # it redirects to shows the override.
+            policy_cache().refresh()
             messages.success(
                 request,
                 f"Raised {raised.level}: {data['rule']} x{data['factor']:g} to {raised.rule} for {data['key']} "
@@ -161,7 +164,7 @@ def tenant_context(key: str) -> dict:
         "route": route,
         "overrides_until": _local(tenant_policy.until) if tenant_policy and tenant_policy.until else None,
         "has_overrides": bool(tenant_policy and tenant_policy.overrides),
-        "levels": effective_rules(key, policy),
+        "levels": effective_rules(key, policy, tenant),
         "buckets": bucket_context(buckets, policy),
         "windows": [_window("24 h", day, "%H:%M"), _window("30 days", month, "%m-%d %H:00")],
         "breakdown": _by_rule(day, month, "blocked_by"),
@@ -171,13 +174,16 @@ def tenant_context(key: str) -> dict:
     }
 
 
-def effective_rules(key: str, policy) -> list[dict]:
-    """Each level's rules as the limiter of this team key holds them, with their source."""
+def effective_rules(key: str, policy, tenant: Tenant | None = None) -> list[dict]:
+    """Each level's rules as the limiter of this team key holds them, with their source, and
+    why a quick raise there would be refused whatever its hours (None: it may be made)."""
     cache = policy_cache()
     _, sources = rule_sources(policy, key, cache.clock())
     limiter = cache.limiter_for(key)
+    now = datetime.fromtimestamp(cache.clock(), UTC)
     levels = []
     for level in policy.levels:
+        refusal = why_not(tenant, level, None, now)
         rules = []
         for rule, source in zip(limiter.levels.get(level, []), sources[level]):
             name = f"{level}: {rule.display()}"
@@ -190,6 +196,7 @@ def effective_rules(key: str, policy) -> list[dict]:
                     "source": source,
                     "colour": rule_colour(name),
                     "raisable": source != "global" and not rule.shadow and raisable(rule.type_name),
+                    "refusal": refusal,
                 }
             )
         levels.append({"level": level, "rules": rules})

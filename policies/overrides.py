@@ -76,14 +76,14 @@ def raise_limit(
     return Raised(tenant, level, build_rule(specs[index], "").display(), until)
 
 
-def _base_rules(tenant: Tenant | None, level: Level, until: datetime, now: datetime) -> list[dict]:
-    """The rules the override starts from: the tenant's own override at the level while it
-    applies, else its tier's rules there. Refused where the new expiry would change another
-    override's."""
+def why_not(tenant: Tenant | None, level: str, until: datetime | None, now: datetime) -> str | None:
+    """Why a quick raise at `level` lasting until `until` would change when another override
+    ends, or None when it would not. `until=None`: the longest raise (MAX_HOURS) would."""
+    until = until if until is not None else now + timedelta(hours=MAX_HOURS)
     overrides = list(tenant.rules.select_related("level")) if tenant else []
-    others = sorted({r.level.name for r in overrides if r.level_id != level.pk})
+    others = sorted({r.level.name for r in overrides if r.level.name != level})
     if others:
-        raise QuickRaiseRefused(
+        return (
             f"{tenant.key} has overrides at {', '.join(others)}: a quick raise would change when they end. "
             "Edit the tenant's overrides on its admin page instead."
         )
@@ -91,10 +91,23 @@ def _base_rules(tenant: Tenant | None, level: Level, until: datetime, now: datet
     applies = bool(overrides) and (expiry is None or expiry > now)
     if applies and (expiry is None or expiry > until):
         ends = "without end" if expiry is None else f"until {expiry:%Y-%m-%d %H:%M} UTC"
-        raise QuickRaiseRefused(
-            f"{tenant.key}'s override at {level.name} applies {ends}: a quick raise would end it sooner. "
+        return (
+            f"{tenant.key}'s override at {level} applies {ends}: a quick raise would end it sooner. "
             "Edit it on the tenant's admin page instead."
         )
+    return None
+
+
+def _base_rules(tenant: Tenant | None, level: Level, until: datetime, now: datetime) -> list[dict]:
+    """The rules the override starts from: the tenant's own override at the level while it
+    applies, else its tier's rules there. Refused where the new expiry would change another
+    override's."""
+    refusal = why_not(tenant, level.name, until, now)
+    if refusal:
+        raise QuickRaiseRefused(refusal)
+    overrides = list(tenant.rules.select_related("level")) if tenant else []
+    expiry = tenant.overrides_until if tenant else None
+    applies = bool(overrides) and (expiry is None or expiry > now)
     if applies:
         return [r.spec() for r in overrides]
     tier = tenant.tier if tenant else PolicySettings.load().default_tier

@@ -55,7 +55,7 @@ def test_the_search_box_suggests_tenants_and_users_as_you_type(page, live_server
     suggestions = page.locator("#search-suggestions")
     expect(suggestions.locator('li.tenant[data-tenant="tinyco"]')).to_be_visible()
     expect(suggestions.locator('li.user[data-user="tina"]')).to_contain_text("acme / tina")
-    page.locator("#search-box").press_sequentially("n", delay=50)
+    page.locator("#search-box").press_sequentially("ny", delay=50)
     expect(suggestions.locator('li.user[data-user="tina"]')).to_have_count(0)
     suggestions.locator('li.tenant[data-tenant="tinyco"] a').click()
     expect(page).to_have_url(TENANT)
@@ -63,19 +63,22 @@ def test_the_search_box_suggests_tenants_and_users_as_you_type(page, live_server
 
 
 def test_a_quick_raise_applies_to_the_next_decision(page, live_server, tinyco, token, operator, clock):
-    assert not decide(live_server, token, {"team": "tinyco"}, cost=5)["allowed"]  # the bucket holds 3
+    assert not decide(live_server, token, {"team": "acme"}, cost=1500)["allowed"]  # pro: a bucket of 1000
     log_in(page)
-    page.goto(TENANT)
-    row = page.locator('tr.effective-rule[data-level="team"][data-rule="token_bucket(3, 1/s)"]')
-    expect(row.locator("td.source")).to_contain_text("override: tinyco")
+    page.goto("/admin/dashboard/tenants/acme/")
+    row = page.locator('tr.effective-rule[data-level="team"][data-rule="token_bucket(1000, 100/s)"]')
+    expect(row.locator("td.source")).to_have_text("tier: pro")
     row.locator('select[name="factor"]').select_option("2")
     row.locator('input[name="hours"]').fill("2")
     row.locator('input[type="submit"]').click()
-    expect(page.locator(".messagelist")).to_contain_text("Raised team: token_bucket(3, 1/s) x2 to token_bucket(6, 2/s)")
-    expect(page.locator('tr.effective-rule[data-rule="token_bucket(6, 2/s)"] td.source')).to_contain_text("until")
+    expect(page.locator(".messagelist")).to_contain_text(
+        "Raised team: token_bucket(1000, 100/s) x2 to token_bucket(2000, 200/s) for acme until"
+    )
+    raised = page.locator('tr.effective-rule[data-rule="token_bucket(2000, 200/s)"] td.source')
+    expect(raised).to_contain_text("override: acme, until")
     clock.advance(1)  # workers notice a policy change within half a second
-    after = decide(live_server, token, {"team": "tinyco"}, cost=5)
-    assert after["allowed"] and after["remaining"] == 1
+    after = decide(live_server, token, {"team": "acme"}, cost=1500)
+    assert after["allowed"] and after["remaining"] == 500
     assert page.outside == [] and page.errors == []
 
 
@@ -84,6 +87,8 @@ def test_nothing_is_cut_off_at_1366_and_390_px(page, live_server, tinyco, token,
     for user in ("ann", "a-user-with-a-rather-long-identifier-0123456789"):
         for _ in range(5):
             decide(live_server, token, {"user": user, "team": "tinyco"})
+        for _ in range(12):  # the free user bucket holds 10: users in the users' table too
+            decide(live_server, token, {"user": user, "team": "a-team-key-of-some-length"})
     log_in(page)
     page.set_viewport_size({"width": width, "height": 900})
     SCREENSHOTS.mkdir(exist_ok=True)

@@ -49,6 +49,8 @@ def test_the_effective_rules_name_their_source_tier_override_with_expiry_or_glob
     assert "tier: pro" in text(rule_row(html, "user", "token_bucket(50, 10/s)"))
     assert "global" in text(rule_row(html, "global", "token_bucket(100000, 10000/s)"))
     assert 'name="factor"' not in rule_row(html, "global", "token_bucket(100000, 10000/s)")
+    # bigco's override lasts longer than any quick raise: at the other levels too, a raise would end it.
+    assert "bigco has overrides at team" in text(rule_row(html, "user", "token_bucket(50, 10/s)"))
 
 
 def test_the_page_shows_the_team_keys_live_buckets_refreshing_themselves(api, decide_client, console):
@@ -139,10 +141,14 @@ def test_a_raise_of_a_rule_that_changed_since_is_refused(api, console):
 
 
 def test_a_raise_that_would_end_a_longer_override_sooner_is_refused(api, console):
-    form = raise_form(console, "bigco", "team", "token_bucket(600, 10/s)")
+    refusal = "bigco's override at team applies until 2026-12-31 00:00 UTC: a quick raise would end it sooner"
+    row = rule_row(tenant_page(console, "bigco"), "team", "token_bucket(600, 10/s)")
+    assert refusal in text(row) and 'name="factor"' not in row  # the page says so, and offers no form
+    form = {"key": "bigco", "level": "team", "rule": "token_bucket(600, 10/s)", "factor": 2, "hours": 4}
+    form["version"] = Tenant.objects.get(key="bigco").version
     response = console.post(RAISE, form, follow=True)
     html = text(response.content.decode())
-    assert "bigco's override at team applies until 2026-12-31 00:00 UTC: a quick raise would end it sooner" in html
+    assert refusal in html
     assert Rule.objects.get(tenant__key="bigco").params == {"capacity": 600, "per_second": 10}
 
 

@@ -6,8 +6,11 @@
 (function () {
   "use strict";
 
-  function chartOptions(data) {
+  function chartOptions(data, canvas) {
     var stacked = data.type !== "line";
+    // About one label per 90 px: a phone's narrow chart keeps its labels apart.
+    var width = (canvas.parentNode && canvas.parentNode.clientWidth) || 600;
+    var ticks = Math.max(3, Math.min(12, Math.floor(width / 90)));
     return {
       animation: false, // a panel redrawn every few seconds should not wobble
       responsive: true,
@@ -15,7 +18,7 @@
       interaction: {mode: "index", intersect: false},
       elements: {point: {radius: 0, hitRadius: 4}, line: {borderWidth: 1.5, tension: 0}},
       scales: {
-        x: {stacked: stacked, ticks: {maxTicksLimit: 12, autoSkip: true, maxRotation: 0}},
+        x: {stacked: stacked, ticks: {maxTicksLimit: ticks, autoSkip: true, maxRotation: 0}},
         y: {stacked: stacked, beginAtZero: true, ticks: {precision: 0}, title: {display: true, text: data.y || "denials"}}
       },
       plugins: {legend: {position: "bottom"}}
@@ -48,7 +51,7 @@
       new Chart(canvas, {
         type: type,
         data: {labels: data.labels, datasets: data.datasets.map(function (set) { return dataset(set, type); })},
-        options: chartOptions(data)
+        options: chartOptions(data, canvas)
       });
     });
   }
