@@ -21,7 +21,8 @@ Every decision names its tenant (the key at `tenant_level`) and its user (the ke
     P:um:<quarter>:<tenant> hash   the tenant's minutes: <i>d decisions, <i>x denied,
                                    <i>s shadow-denied, <i>c cost taken (i: minute 0-14)
     P:uh:<day>:<tenant>     hash   its hours, the same fields (i: hour 0-23), and t: its tier
-    P:ub:<day>:<tenant>     hash   <h>b<blocked_by> and <h>s<shadow rule> per hour
+    P:ub:<day>:<tenant>     hash   <h>b<rule id> (denials) and <h>s<rule id> (shadow) per hour
+    P:rules, P:rule-names   hash   rule name -> short id, and back (every worker's the same)
     P:uu:<hour>:<tenant>, P:ux:<hour>:<tenant>  zset  its most active and most denied users
     P:seen                  zset   recently seen users ([user, team]), score: when
     P:res                   zset   open reservations, score: when they expire
@@ -188,6 +189,7 @@ class DenialStats:
         self._store_errors = _redis_errors() if self.shared else ()
         self._levels: set[str] = set()  # levels known to have top-key sets
         self._level_of: dict[str, str] = {}  # blocked_by -> its level, worked out once
+        self._ids: dict[str, str] = {}  # rule name -> its short id in the shared store
         self._last_flush = clock()
         self._next_sweep = -math.inf
         self._failing = False
@@ -441,18 +443,20 @@ class DenialStats:
         for kind in ("uu", "ux"):
             for hour in user_hours:
                 pipe.zrange(self._key(kind, hour, tenant), 0, -1, withscores=True)
+        pipe.hgetall(self._key("rule-names"))
         replies = iter(self._execute_read(pipe))
         quarters = [next(replies) for _ in series_keys]
         hours = [next(replies) for _ in days]
         breakdowns = [next(replies) for _ in days]
         decided = _add_replies({}, (next(replies) for _ in user_hours))
         denied = _add_replies({}, (next(replies) for _ in user_hours))
+        names = {_text(i): _text(name) for i, name in next(replies).items()}
         if step == MINUTE:
             points = _points(zip(range(_floor(first, QUARTER), last + 1, QUARTER), quarters), MINUTE)
         else:
             points = _points(zip(days, hours), HOUR)
         series = [_usage_point(start, points.get(start, {})) for start in range(first, last + 1, step)]
-        blocked, shadow = _breakdown(zip(days, breakdowns), first_hour)
+        blocked, shadow = _breakdown(zip(days, breakdowns), first_hour, names)
         return {
             "tenant": tenant,
             "tier": _latest_tier(hours),
@@ -505,6 +509,13 @@ class DenialStats:
                 self._sweep(now)
 
     def _send(self, now: float) -> None:
+        try:
+            ids = self._rule_ids(
+                {name for c in self._unsent.values() for t in c.tenants.values() for name in (*t.blocked, *t.shadow_by)}
+            )
+        except self._store_errors as error:
+            self._keep_for_later(now, error)
+            raise StoreUnavailable(f"Redis cannot take the statistics: {error}") from error
         pipe = self.client.pipeline(transaction=True)
         for minute, counts in self._unsent.items():
             ttl = self._ttl(minute, MINUTE, now, self.retention)
@@ -521,7 +532,7 @@ class DenialStats:
                     self._queue_top(pipe, self._key("h", hour, level), _members(by_key), self.top_k, ttl)
                 if tenants:
                     self._queue_top(pipe, self._key("ht", hour), tenants, self.top_k, ttl)
-        self._queue_usage(pipe, now)
+        self._queue_usage(pipe, now, ids)
         self._queue_reservations(pipe, now)
         try:
             pipe.execute()
@@ -553,7 +564,7 @@ class DenialStats:
         pipe.zremrangebyrank(name, 0, -top_k - 1)
         pipe.expire(name, ttl)
 
-    def _queue_usage(self, pipe: Any, now: float) -> None:
+    def _queue_usage(self, pipe: Any, now: float, ids: Mapping[str, str]) -> None:
         """Each tenant's minutes (per quarter-hour hash), hours (per day), blocked_by and
         shadow rules (per day), users (per hour), and the users seen."""
         hours: dict[tuple[str, int], TenantCounts] = {}
@@ -578,7 +589,7 @@ class DenialStats:
                 if tier is not None:
                     pipe.hset(name, "t", tier)
                 if usage.blocked or usage.shadow_by:
-                    self._queue_breakdown(pipe, self._key("ub", day, tenant), index, usage, ttl)
+                    self._queue_breakdown(pipe, self._key("ub", day, tenant), index, usage, ids, ttl)
             ttl = self._ttl(hour, HOUR, now, self.usage_minutes)
             if ttl > 0 and usage.users:
                 users = _top_users(usage.users, self.user_top_k) if len(usage.users) > self.user_top_k else usage.users
@@ -607,12 +618,38 @@ class DenialStats:
         pipe.expire(name, ttl)
 
     @staticmethod
-    def _queue_breakdown(pipe: Any, name: str, index: int, usage: TenantCounts, ttl: int) -> None:
+    def _queue_breakdown(
+        pipe: Any, name: str, index: int, usage: TenantCounts, ids: Mapping[str, str], ttl: int
+    ) -> None:
         for blocked_by, n in usage.blocked.items():
-            pipe.hincrby(name, f"{index}b{blocked_by}", n)
+            pipe.hincrby(name, f"{index}b{ids[blocked_by]}", n)
         for rule, n in usage.shadow_by.items():
-            pipe.hincrby(name, f"{index}s{rule}", n)
+            pipe.hincrby(name, f"{index}s{ids[rule]}", n)
         pipe.expire(name, ttl)
+
+    def _rule_ids(self, names: set[str]) -> dict[str, str]:
+        """Short ids for rule names (`blocked_by`, shadow rules), shared by every worker: a
+        tenant's breakdown names a rule by its id (2 or 3 bytes rather than 30 or more: it was
+        most of a tenant's memory). Ids are kept in `rules` (name -> id) and `rule-names`
+        (id -> name), which hold every rule name that ever denied: bounded by the policies."""
+        missing = [name for name in names if name not in self._ids]
+        if missing:
+            pipe = self.client.pipeline(transaction=False)
+            for name in missing:
+                pipe.hget(self._key("rules"), name)
+            for name, found in zip(missing, pipe.execute()):
+                self._ids[name] = _text(found) if found is not None else self._new_rule_id(name)
+        return {name: self._ids[name] for name in names}
+
+    def _new_rule_id(self, name: str) -> str:
+        candidate = _base36(int(self.client.pipeline(transaction=False).incr(self._key("rule-seq")).execute()[0]))
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hsetnx(self._key("rules"), name, candidate)
+        pipe.hget(self._key("rules"), name)
+        _, winner = pipe.execute()  # another worker may have named it first: its id stands
+        winner = _text(winner)
+        self.client.pipeline(transaction=False).hset(self._key("rule-names"), winner, name).execute()
+        return winner
 
     def _queue_reservations(self, pipe: Any, now: float) -> None:
         name = self._key("res")
@@ -790,6 +827,16 @@ def _user_of(member: Any) -> tuple[str, str | None]:
     return user, team
 
 
+def _base36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, rest = divmod(n, 36)
+        out = digits[rest] + out
+        if not n:
+            return out
+
+
 def _floor(t: float, span: int) -> int:
     return int(t // span) * span
 
@@ -873,8 +920,11 @@ def _whole(value: float) -> float | int:
     return int(value) if float(value).is_integer() else value
 
 
-def _breakdown(days: Iterable[tuple[int, Mapping]], since: int) -> tuple[dict[str, int], dict[str, int]]:
-    """blocked_by and shadow rules from the hours at or after `since`, most first."""
+def _breakdown(
+    days: Iterable[tuple[int, Mapping]], since: int, names: Mapping[str, str]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """blocked_by and shadow rules (by their ids' `names`) from the hours at or after `since`,
+    most first."""
     blocked: dict[str, int] = {}
     shadow: dict[str, int] = {}
     for day, hash_ in days:
@@ -884,7 +934,7 @@ def _breakdown(days: Iterable[tuple[int, Mapping]], since: int) -> tuple[dict[st
             if not digits or day + int(field[:digits]) * HOUR < since:
                 continue
             into = blocked if field[digits : digits + 1] == "b" else shadow
-            name = field[digits + 1 :]
+            name = names.get(field[digits + 1 :], field[digits + 1 :])
             into[name] = into.get(name, 0) + int(value)
     return _most_first_dict(blocked), _most_first_dict(shadow)
 

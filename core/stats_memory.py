@@ -72,6 +72,20 @@ class MemoryStatsStore:
         self._data.setdefault(name, {})[field] = value
         return 1
 
+    def _hget(self, name: str, field: str) -> Any:
+        return self._data.get(name, {}).get(field)
+
+    def _hsetnx(self, name: str, field: str, value: Any) -> int:
+        hash_ = self._data.setdefault(name, {})
+        if field in hash_:
+            return 0
+        hash_[field] = value
+        return 1
+
+    def _incr(self, name: str) -> int:
+        # A counter kept as a one-field hash: no other command reads it.
+        return self._hincrby(name, "", 1)
+
     def _hgetall(self, name: str) -> dict:
         return dict(self._data.get(name, {}))
 

@@ -328,7 +328,8 @@ def test_in_process_minutes_past_retention_are_forgotten(new_stats, clock):
     stats.flush()
     m1, h1 = minute_of(clock()), int(clock() // HOUR) * HOUR
     # Only the last minute's and hour's buckets are left (the tenant's own series are kept longer).
-    assert [name for name in stats.client.keys() if ":{stats}:u" not in name and not name.endswith("seen")] == sorted(
+    left = [name for name in stats.client.keys() if ":{stats}:u" not in name and ":{stats}:r" not in name]
+    assert [name for name in left if not name.endswith("seen")] == sorted(
         [f"la:{{stats}}:m:{m1}", f"la:{{stats}}:k:{m1}:team", f"la:{{stats}}:h:{h1}:team"]
         + [f"la:{{stats}}:t:{m1}", f"la:{{stats}}:ht:{h1}"]
     )
@@ -359,6 +360,9 @@ def test_every_redis_key_expires_once_no_window_can_read_it(redis_url, server, c
             f"la:{{stats}}:uu:{h0}:acme",  # its most active users in the hour
             f"la:{{stats}}:ux:{h0}:acme",  # and most denied
             "la:{stats}:seen",  # users seen, trimmed by count and age
+            "la:{stats}:rules",  # rule names' short ids, and back
+            "la:{stats}:rule-names",
+            "la:{stats}:rule-seq",
         ]
     )
     now = clock()
@@ -373,7 +377,8 @@ def test_every_redis_key_expires_once_no_window_can_read_it(redis_url, server, c
         for name in server.keys(pattern):
             assert 0 < server.ttl(name) <= end + retention + 60 - now + 1, name
             assert server.ttl(name) > end + retention - now - MINUTE, name
-    assert server.ttl("la:{stats}:seen") == -1
+    for name in ("seen", "rules", "rule-names", "rule-seq"):
+        assert server.ttl(f"la:{{stats}}:{name}") == -1  # bounded by count, or by the policies' rules
 
 
 # --- flushing ---------------------------------------------------------------------------------
@@ -385,6 +390,7 @@ def test_record_touches_nothing_in_redis_and_a_flush_is_one_multi_exec(redis_url
         stats.record(keys(user=f"u{i}"), denial(USER_RULE) if i % 2 else ALLOWED)
         clock.advance(1)  # across two minutes
     assert server.dbsize() == 0
+    stats._rule_ids({USER_RULE})  # a rule's short id is named once, the first time it denies
     server.config_resetstat()
     stats.flush()
     commands = server.info("commandstats")

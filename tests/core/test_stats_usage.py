@@ -298,3 +298,14 @@ def test_two_workers_sweeping_count_an_expired_reservation_once(redis_url, clock
     worker_b.flush()
     worker_a.flush()
     assert worker_a.expired_reservations + worker_b.expired_reservations == 2
+
+
+def test_workers_that_name_a_new_rule_at_once_agree_on_its_short_id(redis_url, clock):
+    worker_a, worker_b = redis_stats(redis_url, clock), redis_stats(redis_url, clock)
+    for worker in (worker_a, worker_b):
+        worker.record(keys(team="acme"), denial("team: gcra(5, 1)"))
+    worker_a.flush()
+    # worker_b had not seen the name: the id worker_a gave it stands, whoever asks second.
+    assert worker_b._new_rule_id("team: gcra(5, 1)") == worker_a._rule_ids({"team: gcra(5, 1)"})["team: gcra(5, 1)"]
+    worker_b.flush()
+    assert worker_b.usage("acme", HOUR)["blocked_by"] == {"team: gcra(5, 1)": 2}
