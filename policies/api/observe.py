@@ -164,8 +164,13 @@ def _default_denial_stats():
         usage_minutes=settings.LIMITER_USAGE_MINUTE_HOURS * 3600,
         usage_hours=settings.LIMITER_USAGE_HOUR_DAYS * 86400,
         tier_of=tier_of,
-        on_expired=RESERVATIONS.labels("expired").inc,
+        on_expired=count_expired,
     )
+
+
+def count_expired(reservations: int) -> None:
+    """The statistics' sweep found reservations left open past their expiry."""
+    RESERVATIONS.labels("expired").inc(reservations)
 
 
 def tier_of(tenant: str) -> str | None:
