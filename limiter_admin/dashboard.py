@@ -390,16 +390,16 @@ def bucket_context(query: BucketQuery, policy) -> dict:
 def _rule_row(rule: dict) -> dict:
     """One rule's live state, as the operator reads it: what is left of how much."""
     state = rule["state"]
-    shown = (
-        (state[field], state.get(total), what)
-        for field, total, what in (
-            ("tokens", "capacity", "tokens left"),
-            ("in_flight", "limit", "in flight"),
-            ("used", "limit", "used in the window"),
-        )
-        if field in state
-    )
-    value, most, what = next(shown, (state.get("remaining"), None, "remaining"))
+    for field, total, what in (  # noqa: B007  (`what` is read after the loop)
+        ("tokens", "capacity", "tokens left"),
+        ("in_flight", "limit", "in flight"),
+        ("used", "limit", "used in the window"),
+    ):
+        if field in state:
+            value, most = state[field], state.get(total)
+            break
+    else:
+        value, most, what = state.get("remaining"), None, "remaining"
     return {
         **rule,
         "what": what,
