@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 # The level whose key names a tenant.
 TENANT_LEVEL = "team"
+# The level whose key names a user: the statistics show a user as "team / user".
+USER_LEVEL = "user"
 # Where global rules go when no level is named `global`: the broadest (last) one.
 GLOBAL_LEVEL = "global"
 # How often a worker asks the database whether the policy changed: an edit reaches every
