@@ -134,10 +134,10 @@ def _raised(spec: dict, factor: float) -> dict:
 
 
 def _check(level: str, specs: list[dict]) -> None:
-    from .admin import check_with_global_rules  # the one check the admin and the API share
+    from .invariants import check_owner_rules  # the one check the admin, the API and files share
 
     try:
-        check_with_global_rules({level: specs})
+        check_owner_rules("tenant", {level: specs})
     except ConfigError as error:
         raise QuickRaiseRefused(f"The raised rules would not build: {error.path}: {error.reason}.") from None
 
