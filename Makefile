@@ -8,18 +8,47 @@ STAMP := $(VENV)/.installed
 # with REDIS_URL the state is shared and several workers can serve.
 WORKERS := $(if $(REDIS_URL),4,1)
 
-.PHONY: venv test run bench clean
+# The Debian packages the tests need, installed by `make deps` when missing: the one list to
+# extend. The Redis tests start their own redis-server, the browser tests drive Chromium
+# (/usr/bin/chromium), and the PostgreSQL run starts its own server from the postgresql package.
+TEST_PACKAGES := redis-server chromium postgresql
+# Debian's python3 makes no venv without python3-venv; another Python (pyenv's) needs nothing.
+VENV_PACKAGES = $(if $(wildcard $(STAMP)),,$(shell $(PYTHON) -c 'import ensurepip' 2>/dev/null || echo python3-venv))
+# The tests that run a second time, on a PostgreSQL server the session starts (tests/postgres.py).
+POSTGRES_TESTS := tests/policies tests/api tests/dashboard tests/security
+
+.PHONY: deps venv lint test test-postgres run bench clean
+# Each step in the order written, even under -j: the packages before the tests that use them.
+.NOTPARALLEL:
+
+deps:
+	@bin/deps $(TEST_PACKAGES)
 
 venv: $(STAMP)
 
 # A stamp file, so the venv is rebuilt only when a requirements file changes.
 $(STAMP): requirements.txt requirements-dev.txt
+	@bin/deps $(VENV_PACKAGES)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -r requirements-dev.txt
 	touch $@
 
-test: $(STAMP)
+# ruff and mypy take their settings (and mypy its files) from pyproject.toml.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+# Exit 5 is "no test selected": PYTEST_ARGS='-k name' may pick none of these directories.
+PYTEST_POSTGRES = $(BIN)/python -m pytest --database=postgres $(POSTGRES_TESTS) $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
+# Every test on SQLite, then the database's users again on PostgreSQL.
+test: deps $(STAMP) lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(PYTEST_POSTGRES)
+
+test-postgres: deps $(STAMP)
+	$(PYTEST_POSTGRES)
 
 run: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput

@@ -693,7 +693,7 @@ def ablations() -> dict[str, list[tuple[object, dict]]]:
         "limiter.acquire: plan + EVALSHA round trip": [
             (HierarchicalLimiter, {"acquire": lambda self, keys, cost=1, priority=None: fixed})
         ],
-        "record: Prometheus counters + denial stats": [(decisions, {"record": lambda keys, d: None})],
+        "record: Prometheus counters + denial stats": [(decisions, {"record": lambda keys, d, cost=1: None})],
         "RateLimit headers (decision_headers)": [(decisions, {"decision_headers": lambda *a: {}})],
     }
     steps["all of the above"] = [patch for patches in steps.values() for patch in patches]

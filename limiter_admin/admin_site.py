@@ -15,9 +15,10 @@ class LimiterAdminSite(admin.AdminSite):
     index_title = "Policies and operations"
 
     def get_urls(self):
-        from limiter_admin import dashboard
+        from limiter_admin import dashboard, tenant_page
 
         views = dashboard.DashboardViews(self)
+        tenants = tenant_page.TenantViews(self)
         wrap = self.admin_view
         return [
             path("dashboard/", wrap(views.page), name="dashboard"),
@@ -26,4 +27,8 @@ class LimiterAdminSite(admin.AdminSite):
             path("dashboard/dry-run/", wrap(views.dry_run), name="dashboard-dry-run"),
             path("dashboard/health/", wrap(views.health), name="dashboard-health"),
             path("dashboard/reset/", wrap(views.reset), name="dashboard-reset"),
+            path("dashboard/search/", wrap(views.search), name="dashboard-search"),
+            path("dashboard/raise-limit/", wrap(tenants.raise_limit), name="dashboard-raise-limit"),
+            # Team keys are the gateway's strings, so a tenant's may hold a slash.
+            path("dashboard/tenants/<path:key>/", wrap(tenants.page), name="dashboard-tenant"),
         ] + super().get_urls()

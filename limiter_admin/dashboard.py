@@ -14,6 +14,8 @@ all, so it also works without JavaScript. The views are wired up by
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from datetime import datetime
@@ -43,6 +45,8 @@ WINDOWS = {"5m": ("5 min", 60), "1h": ("1 h", 60), "24h": ("24 h", 900)}
 DEFAULT_WINDOW = "1h"
 TOP = 10  # most throttled keys shown per level
 MAX_SERIES = 8  # blocked_by rules drawn one by one; the rest are drawn as one "other"
+OTHER_COLOUR = "hsl(0, 0%, 60%)"
+SEARCH_RESULTS = 8  # suggestions of each kind
 # How often each panel refreshes itself (seconds).
 REFRESH = {"throttled": 10, "buckets": 3, "health": 5}
 FAIL_MODE_MEANING = {
@@ -66,7 +70,8 @@ class BucketQuery(forms.Form):
 
     def __init__(self, data, policy, initial=None):
         super().__init__(data, initial=initial or {"level": TENANT_LEVEL})
-        self.fields["level"].choices = [(level, level) for level in policy.levels]
+        # A ChoiceField; Form.fields types each field as Field.
+        self.fields["level"].choices = [(level, level) for level in policy.levels]  # type: ignore[attr-defined]
 
     @property
     def team_key(self) -> str | None:
@@ -92,7 +97,10 @@ class DryRunQuery(BucketQuery):
 
     def __init__(self, data, policy, initial=None):
         super().__init__(data, policy, initial)
-        self.fields["priority"].choices = [("", "none")] + [(name, name) for name in sorted(policy.priorities)]
+        # A ChoiceField; Form.fields types each field as Field.
+        self.fields["priority"].choices = [("", "none")] + [  # type: ignore[attr-defined]
+            (name, name) for name in sorted(policy.priorities)
+        ]
 
     def clean_cost(self):
         cost = self.cleaned_data["cost"]
@@ -177,19 +185,40 @@ class DashboardViews:
         policy = policy_cache().current()
         query = BucketQuery(request.POST if request.method == "POST" else request.GET, policy)
         if request.method == "POST" and query.is_valid():
-            try:
-                reset_buckets(request, query)
-            except StoreUnavailable as error:
-                messages.error(request, f"Nothing was reset: the store is unreachable ({error}).")
+            shown = request.POST.get("shown")
+            if shown is not None and shown != shown_rules(query):
+                messages.error(
+                    request,
+                    "Nothing was reset: the rules of this key changed since the page was shown. "
+                    "Check the buckets below and confirm again.",
+                )
             else:
-                return HttpResponseRedirect(f"{reverse('admin:dashboard')}?{query.query()}#buckets")
+                try:
+                    reset_buckets(request, query)
+                except StoreUnavailable as error:
+                    messages.error(request, f"Nothing was reset: the store is unreachable ({error}).")
+                else:
+                    return HttpResponseRedirect(f"{reverse('admin:dashboard')}?{query.query()}#buckets")
         context = {
             **self.site.each_context(request),
             "title": "Reset buckets?",
             "buckets": bucket_context(query, policy),
+            "shown": shown_rules(query) if query.is_valid() else "",
             "refresh": REFRESH,
         }
         return TemplateResponse(request, PARTIALS + "reset_confirm.html", context)
+
+    def search(self, request):
+        """Suggestions as the operator types: tenants by key prefix (from the database) and
+        users seen recently (from the statistics). A partial for htmx, else a page."""
+        refused = _allow(request, "GET", "HEAD")
+        if refused:
+            return refused
+        context = {"search": search_context(request.GET.get("q", ""))}
+        if request.headers.get("HX-Request"):
+            return TemplateResponse(request, PARTIALS + "_search.html", context)
+        context.update(self.site.each_context(request), title="Find a tenant or user")
+        return TemplateResponse(request, PARTIALS + "search.html", context)
 
 
 def _window(name: str | None) -> str:
@@ -227,8 +256,10 @@ def throttled_context(reports: dict, window: str, policy) -> dict:
         **context,
         "totals": _totals(reports),
         "rules": _rules_by_window(reports),
+        "shadow_rules": _rules_by_window(reports, "shadow_blocked_by"),
         "chart": blocked_chart(report, WINDOWS[window][1]),
         "step_text": _duration(WINDOWS[window][1]),
+        "tenants": _top_tenants(report["top_tenants"]),
         "top": _top_keys(report["top_keys"], policy.levels),
     }
 
@@ -247,16 +278,17 @@ def _totals(reports: dict) -> list[dict]:
     ]
 
 
-def _rules_by_window(reports: dict) -> list[dict]:
-    """Each blocked_by with its denials in every window ("n/a" where a window could not be
-    read), most denied right now first."""
+def _rules_by_window(reports: dict, field: str = "blocked_by") -> list[dict]:
+    """Each blocked_by (or shadow rule, `field="shadow_blocked_by"`) with its denials in every
+    window ("n/a" where a window could not be read), most denied right now first."""
     counts: dict[str, dict[str, int]] = {}
     for name, report in reports.items():
-        for row in [] if isinstance(report, str) else report["blocked_by"]:
+        for row in [] if isinstance(report, str) else report[field]:
             counts.setdefault(row["blocked_by"], {})[name] = row["denied"]
     rows = [
         {
             "blocked_by": rule,
+            "colour": rule_colour(rule),
             "counts": [
                 by_window.get(name, 0) if isinstance(report, dict) else "n/a" for name, report in reports.items()
             ],
@@ -271,23 +303,41 @@ def blocked_chart(report: dict, step: int) -> dict:
     series = report["series"]
     names = [row["blocked_by"] for row in report["blocked_by"]]
     shown, rest = names[:MAX_SERIES], names[MAX_SERIES:]
-    datasets = [{"label": name, "data": [point["blocked_by"].get(name, 0) for point in series]} for name in shown]
+    datasets = [
+        {"label": name, "data": [point["blocked_by"].get(name, 0) for point in series], "colour": rule_colour(name)}
+        for name in shown
+    ]
     if rest:
         datasets.append(
             {
                 "label": f"{len(rest)} other rules",
                 "data": [sum(point["blocked_by"].get(name, 0) for name in rest) for point in series],
+                "colour": OTHER_COLOUR,
             }
         )
     labels = [_local(point["at"]).strftime("%H:%M") for point in series]
     return {"labels": labels, "datasets": datasets, "step": step}
 
 
+def rule_colour(name: str) -> str:
+    """A rule's colour, from its name alone: the same on every page, window and refresh."""
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).digest()
+    hue = int.from_bytes(digest[:2], "big") * 360 // 65536
+    return f"hsl({hue}, {55 + digest[2] % 25}%, {38 + digest[3] % 14}%)"
+
+
+def _top_tenants(rows: list[dict]) -> list[dict]:
+    """The tenants with the most denials at any level, each with its page and buckets."""
+    return [
+        {**row, "tenant_url": tenant_url(row["tenant"]), "buckets_url": bucket_url(TENANT_LEVEL, row["tenant"])}
+        for row in rows
+    ]
+
+
 def _top_keys(top_keys: dict, levels) -> list[dict]:
-    """The most throttled keys of each level, tenants first, each with its links."""
-    order = sorted(top_keys, key=lambda level: (level != TENANT_LEVEL, _position(levels, level)))
-    teams = [row["key"] for row in top_keys.get(TENANT_LEVEL, [])]
-    tenants = dict(Tenant.objects.filter(key__in=teams).values_list("key", "pk")) if teams else {}
+    """The most throttled keys of each level below the tenants' (users as team / user), each
+    with links that carry its whole key: a user's buckets are its team's tier's."""
+    order = sorted((level for level in top_keys if level != TENANT_LEVEL), key=lambda level: _position(levels, level))
     return [
         {
             "level": level,
@@ -295,8 +345,8 @@ def _top_keys(top_keys: dict, levels) -> list[dict]:
             "keys": [
                 {
                     **row,
-                    "buckets_url": bucket_url(level, row["key"]),
-                    "tenant_url": _change_url("tenant", tenants.get(row["key"])) if level == TENANT_LEVEL else None,
+                    "buckets_url": bucket_url(level, row["key"], row.get("team")),
+                    "tenant_url": tenant_url(row["team"]) if row.get("team") else None,
                 }
                 for row in top_keys[level]
             ],
@@ -306,7 +356,7 @@ def _top_keys(top_keys: dict, levels) -> list[dict]:
 
 
 def _level_title(level: str) -> str:
-    return {"team": "Tenants (team keys)", "user": "Users"}.get(level, f"Keys at level {level}")
+    return {"user": "Users (team / user)"}.get(level, f"Keys at level {level}")
 
 
 def _position(levels, level: str) -> int:
@@ -362,6 +412,14 @@ def _rule_row(rule: dict) -> dict:
         "full_in": _duration(state.get("full_in"), never="never (does not refill)", zero="full now"),
         "debt": _debt(state),
     }
+
+
+def shown_rules(query: BucketQuery) -> str:
+    """The rules a reset of this key acts on, as a JSON list: the confirmation page carries
+    them, and the reset goes ahead only if they are still the key's rules."""
+    level = query.cleaned_data["level"]
+    rules = policy_cache().limiter_for(query.team_key).levels.get(level, [])
+    return json.dumps([f"{level}: {rule.display()}" for rule in rules if rule.stateful])
 
 
 def _debt(state: dict) -> str | None:
@@ -421,8 +479,14 @@ def dry_run_context(query: DryRunQuery) -> dict:
     }
 
 
-def bucket_url(level: str, key: str) -> str:
-    return f"{reverse('admin:dashboard')}?{urlencode({'level': level, 'key': key})}#buckets"
+def bucket_url(level: str, key: str, team: str | None = None) -> str:
+    """The dashboard's bucket panel for a key; a user key with the team whose tier applies."""
+    query = {"level": level, "key": key, **({"team": team} if team and level != TENANT_LEVEL else {})}
+    return f"{reverse('admin:dashboard')}?{urlencode(query)}#buckets"
+
+
+def tenant_url(key: str) -> str:
+    return reverse("admin:dashboard-tenant", args=[key])
 
 
 # --- panel 3: health ----------------------------------------------------------------------
@@ -550,3 +614,31 @@ def _duration(seconds: float | None, never: str = "never", zero: str = "0 s") ->
         return f"{minutes} min {secs} s" if secs else f"{minutes} min"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
+# --- search -------------------------------------------------------------------------------
+
+
+def search_context(q: str) -> dict:
+    """Tenants whose key starts with `q`, and users seen recently whose key does."""
+    q = q[:MAX_KEY_LENGTH]
+    if not q.strip():
+        return {"q": q, "empty": True}
+    tenants = list(Tenant.objects.filter(key__startswith=q).select_related("tier").order_by("key")[:SEARCH_RESULTS])
+    context = {
+        "q": q,
+        "tenants": [{"key": t.key, "tier": t.tier.name, "url": tenant_url(t.key)} for t in tenants],
+    }
+    try:
+        users = denial_stats().seen_users(q, SEARCH_RESULTS)
+    except StoreUnavailable as error:
+        return {**context, "users": [], "unavailable": str(error)}
+    context["users"] = [
+        {
+            **user,
+            "buckets_url": bucket_url("user", user["user"], user["team"]),
+            "tenant_url": tenant_url(user["team"]) if user["team"] else None,
+        }
+        for user in users
+    ]
+    return context

@@ -16,7 +16,7 @@ graceful_timeout = 10
 control_socket_disable = True
 
 
-_made_here = []
+_made_here: list[str] = []
 
 
 def on_starting(server):

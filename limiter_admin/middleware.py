@@ -41,6 +41,7 @@ class DatabaseUnavailableMiddleware:
 def database_unavailable(request: HttpRequest) -> HttpResponse:
     """The 503: in the API's error shape on its paths, else a page that needs no database
     (no session, no admin context)."""
+    response: HttpResponse
     if request.path.startswith("/api/"):
         response = JsonResponse(error_body("database_unavailable", MESSAGE), status=503)
     else:

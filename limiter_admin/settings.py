@@ -151,6 +151,10 @@ LIMITER_KEY_PREFIX = env_str("LIMITER_KEY_PREFIX") or "la"
 LIMITER_KEY_FORMAT = env_str("LIMITER_KEY_FORMAT") or "compact"
 # Seconds a batch of decisions may wait for its answers (a batch is one pipeline).
 LIMITER_BATCH_TIMEOUT = float(env_str("LIMITER_BATCH_TIMEOUT") or "1.0")
+# How long each tenant's usage is kept: per minute for this many hours, per hour for this many
+# days (docs/OPERATIONS.md gives the memory they take).
+LIMITER_USAGE_MINUTE_HOURS = float(env_str("LIMITER_USAGE_MINUTE_HOURS") or "24")
+LIMITER_USAGE_HOUR_DAYS = float(env_str("LIMITER_USAGE_HOUR_DAYS") or "30")
 CACHES = _caches(REDIS_URL, LIMITER_STORE_TIMEOUT, LIMITER_BATCH_TIMEOUT)
 # Each alias its own pool, with its own timeouts (django-redis would share one per URL).
 DJANGO_REDIS_CONNECTION_FACTORY = "limiter_admin.redis_pools.PoolPerSettingsFactory"

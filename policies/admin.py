@@ -4,25 +4,35 @@ Rule types, their parameters and help texts come from core.RULES; nothing about 
 type is written here. Tiers, tenants, levels and priority classes carry a hidden version: a
 save of a page that someone changed since it was opened is refused, never silently applied
 over their change.
-Every model keeps its history (django-simple-history), shown by each page's History link.
+Every model keeps its history (django-simple-history), shown by each page's History link;
+reverting to a version goes through the same form, checks and lock as an edit, and puts a
+tier's or tenant's rules back too (`policies.history`). The policy's invariants are checked
+by `policies.invariants`, as the API and the policy file check them: this module only shows
+their refusals.
 """
 
 from __future__ import annotations
 
-import re
+import json
+from collections.abc import Mapping
+from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import ValidationError
-from django.db.models import Exists, F, OuterRef, Q
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
 from django.http import HttpResponseRedirect
+from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from simple_history.admin import SimpleHistoryAdmin
 
-from core import RULES, ConfigError
-from core.config import parse_levels
+from core import RULES
 
+from .history import put_back_rules, record_rules, revert_refusal
+from .invariants import PolicyViolation, check_deletable, check_owner_rules, check_rule, check_rule_rows
 from .models import Level, PolicySettings, PolicyVersion, PriorityClass, Rule, ServiceToken, StaleVersion, Tenant, Tier
 
 STALE_MESSAGE = (
@@ -72,82 +82,42 @@ class RuleForm(forms.ModelForm):
 
 
 class RuleFormSet(forms.BaseInlineFormSet):
-    """The rules of one tier or tenant, checked together: at most one copy of a rule per
-    level (with the global rules), and at least one rule for a tier."""
+    """The rules of one tier or tenant, checked together with the global rules."""
 
     def clean(self):
         super().clean()
         if any(self.errors):
             return
-        kept = [form.cleaned_data for form in self.forms if form.cleaned_data and not form.cleaned_data.get("DELETE")]
-        if isinstance(self.instance, Tier) and not kept:
-            raise ValidationError("A tier needs at least one rule.")
-        config: dict[str, list[dict]] = {}
-        for data in kept:
-            config.setdefault(data["level"].name, []).append(Rule(**{k: data[k] for k in RuleForm.Meta.fields}).spec())
+        rules: dict[str, list[dict]] = {}
+        for form in self.forms:
+            data = form.cleaned_data
+            if data and not data.get("DELETE"):
+                rule = Rule(**{k: data[k] for k in RuleForm.Meta.fields})
+                rules.setdefault(data["level"].name, []).append(rule.spec())
         try:
-            check_with_global_rules(config)
-        except ConfigError as error:
-            raise ValidationError(f"{error.path}: {error.reason}") from None
-
-
-def check_with_global_rules(rules: dict[str, list[dict]]) -> None:
-    """The rules of one tier or tenant (rule specs by level name) as the limiter will hold
-    them, with each level's global rules: they must build, with no rule twice at a level.
-    Raises ConfigError; its path names the owner's rule (`user[1]`), never a global one.
-    The admin's inlines and the REST API both check with this."""
-    parse_levels(rules)  # on their own first: a repeat among the owner's rules is named in place
-    shared: dict[str, list[dict]] = {}
-    for rule in Rule.objects.filter(tier=None, tenant=None).select_related("level"):
-        shared.setdefault(rule.level.name, []).append(rule.spec())
-    for level, specs in rules.items():
-        if not shared.get(level) or not specs:
-            continue
-        # The global rules first, so the engine reports the repeat at the owner's rule.
-        try:
-            parse_levels({level: [*shared[level], *specs]})
-        except ConfigError as error:
-            index = _rule_index(error.path) - len(shared[level])
-            reason = error.reason.replace("of this level", "of this level's global rules")
-            raise ConfigError(
-                f"{reason} (counting the global rules)", f"{level}[{index}]" if index >= 0 else level
-            ) from None
-
-
-def _rule_index(path: str) -> int:
-    """3 for the engine's path `user[3]`; -1 when the path names no rule."""
-    match = re.search(r"\[(\d+)\]$", path)
-    return int(match.group(1)) if match else -1
+            check_owner_rules("tier" if isinstance(self.instance, Tier) else "tenant", rules)
+        except PolicyViolation as error:
+            raise ValidationError(str(error)) from None
 
 
 class RulePageForm(RuleForm):
-    """A rule edited on its own page: with its owner's rules and the global rules, it must
-    still build a limiter (no rule twice at a level), for every tier it reaches."""
+    """A rule edited on its own page: with it, its owner (before and after) and, for a global
+    rule, every tier and tenant keep the policy's invariants."""
 
     def clean(self):
-        data = super().clean()
-        if self.errors:
-            return data
-        candidate = Rule(**{k: data.get(k) for k in RuleForm.Meta.fields if k in data})
-        others = Rule.objects.exclude(pk=self.instance.pk).select_related("level")
-        globals_ = [rule for rule in others if rule.tier_id is None and rule.tenant_id is None]
-        if candidate.tier is not None or candidate.tenant is not None:
-            owner = {"tier": candidate.tier} if candidate.tier is not None else {"tenant": candidate.tenant}
-            groups = [[*others.filter(**owner), *globals_]]
-        else:  # a global rule joins every tier's and every overriding tenant's rules
-            groups = [[rule for rule in others if rule.tier_id == tier.pk] + globals_ for tier in Tier.objects.all()]
-            groups += [
-                [rule for rule in others if rule.tenant_id == tenant.pk] + globals_
-                for tenant in Tenant.objects.filter(rules__isnull=False).distinct()
-            ]
-        for group in groups:
-            config: dict[str, list[dict]] = {}
-            for rule in [*group, candidate]:
-                config.setdefault(rule.level.name, []).append(rule.spec())
-            try:
-                parse_levels(config)
-            except ConfigError as error:
-                raise ValidationError(f"{error.path}: {error.reason} (with the rules it joins)") from None
+        super().clean()
+        data = self.cleaned_data
+        if self.errors or (data.get("tier") and data.get("tenant")) or not isinstance(data.get("params"), dict):
+            return data  # the field's own error, or the model's (never both owners; params a mapping)
+        candidate = Rule(pk=self.instance.pk, **{k: data.get(k) for k in ["tier", "tenant", *RuleForm.Meta.fields]})
+        try:
+            check_rule(candidate.spec())
+        except PolicyViolation:
+            return data  # the model's validation names the field
+        try:
+            check_rule_rows(save=candidate)
+        except PolicyViolation as error:
+            raise ValidationError(str(error)) from None
         return data
 
 
@@ -185,12 +155,20 @@ class VersionedForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["opened_version"].initial = self.instance.version
+        # The row's version as stored, not the instance's: on a history page the instance
+        # is an old copy, with the version it had then.
+        self.stored_version = (
+            type(self.instance).objects.filter(pk=self.instance.pk).values_list("version", flat=True).first()
+            if self.instance.pk is not None
+            else None
+        )
+        self.fields["opened_version"].initial = self.stored_version
 
     def clean(self):
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         opened_at = data.get("opened_version")
-        if self.instance.pk is not None and opened_at != self.instance.version:
+        if self.instance.pk is not None and opened_at != self.stored_version:
             raise ValidationError(STALE_MESSAGE.format(kind=self._meta.model._meta.verbose_name), code="stale")
         return data
 
@@ -225,9 +203,27 @@ class PriorityClassForm(VersionedForm):
         fields = ["name", "watermark", "levels"]
 
 
-class VersionedAdmin(SimpleHistoryAdmin):
+def refusing(found: tuple, check) -> tuple:
+    """get_deleted_objects' answer (`found`), refused if `check` (a policy invariant) raises:
+    its reason goes first among the protected objects, which stops the deletion and lists
+    them on its page. That page shows missing delete permissions instead of protected
+    objects when there are both, so those are left out then: the deletion is refused anyway."""
+    deleted, counts, perms_needed, protected = found
+    try:
+        check()
+    except PolicyViolation as error:
+        return deleted, counts, set(), [str(error), *protected]
+    return found
+
+
+class PolicyAdmin(SimpleHistoryAdmin):
     """A save that lost the race to another one (after the form's own check passed) is
-    rolled back and the page reloaded with the error, rather than ending in a 500."""
+    rolled back and the page reloaded with the error, rather than ending in a 500. So is a
+    revert on a history page, which also runs in one transaction, is refused with a message
+    when it cannot be done (`revert_refusal`), and restores what the row's form does not
+    hold (`reverted`)."""
+
+    object_history_form_template = "admin/policies/history_form.html"
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         try:
@@ -235,6 +231,82 @@ class VersionedAdmin(SimpleHistoryAdmin):
         except StaleVersion:
             self.message_user(request, STALE_MESSAGE.format(kind=self.model._meta.verbose_name), messages.ERROR)
             return HttpResponseRedirect(request.path)
+
+    def history_form_view(self, request, object_id, version_id, extra_context=None):
+        record = self.history_record(object_id, version_id)
+        if request.method == "POST" and not self.has_change_history_permission(request, record.instance):
+            raise PermissionDenied
+        refusal = revert_refusal(record)
+        if refusal and request.method == "POST":
+            self.message_user(request, refusal, messages.ERROR)
+            return HttpResponseRedirect(request.path)
+        context = {"revert_record": record, "revert_refusal": refusal, **self.revert_context(record)}
+        if refusal:
+            context["revert_disabled"] = True  # no Revert button
+        context.update(extra_context or {})
+        try:
+            with transaction.atomic():
+                response = super().history_form_view(request, object_id, version_id, context)
+                if request.method == "POST" and response.status_code == 302:  # the form saved the row
+                    self.reverted(request, self.model.objects.get(pk=record.instance.pk), record)
+                return response
+        except StaleVersion:
+            self.message_user(request, STALE_MESSAGE.format(kind=self.model._meta.verbose_name), messages.ERROR)
+            return HttpResponseRedirect(request.path)
+
+    def history_record(self, object_id, version_id):
+        """The history record `version_id` of the row `object_id`, or a 404."""
+        history = getattr(self.model, self.model._meta.simple_history_manager_attribute).model
+        return get_object_or_404(history, **{self.model._meta.pk.attname: unquote(object_id), "history_id": version_id})
+
+    def render_history_view(self, request, template, context, **kwargs):
+        if "revert_record" in context and not context["adminform"].form.is_bound:
+            context["adminform"].form.initial.update(self.revert_initial(context["revert_record"]))
+        return super().render_history_view(request, template, context, **kwargs)
+
+    def revert_context(self, record) -> dict:
+        """What a history page shows beyond the row's form."""
+        return {}
+
+    def revert_initial(self, record) -> dict:
+        """The form's values at `record` that the record's own fields do not give."""
+        return {}
+
+    def reverted(self, request, obj, record) -> None:
+        """After the form reverted `obj`'s fields to `record`, in the same transaction."""
+
+
+class VersionedAdmin(PolicyAdmin):
+    """A row that something still relies on is not deleted (`check_deletable`)."""
+
+    def get_deleted_objects(self, objs, request):
+        def each_deletable() -> None:
+            for row in objs:
+                check_deletable(row)
+
+        return refusing(super().get_deleted_objects(objs, request), each_deletable)
+
+
+class RuleOwnerAdmin(VersionedAdmin):
+    """A tier or tenant, its rules inline. Its history records keep its rules, and reverting
+    to one puts them back."""
+
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
+        record_rules(form.instance)  # the record the save made holds the rules saved after it
+
+    def revert_context(self, record) -> dict:
+        if record.rules is None:
+            return {}
+        levels = dict(Level.objects.values_list("pk", "name"))
+        rows = []
+        for row in record.rules:
+            fields = {name: row[name] for name in ("type", "params", "label", "shadow", "counts")}
+            rows.append((levels.get(row["level"], f"#{row['level']} (deleted)"), json.dumps(Rule(**fields).spec())))
+        return {"revert_rules": rows}
+
+    def reverted(self, request, obj, record) -> None:
+        put_back_rules(obj, record)
 
 
 class HasOverridesFilter(admin.SimpleListFilter):
@@ -264,7 +336,7 @@ class LevelAdmin(VersionedAdmin):
 
 
 @admin.register(Tier)
-class TierAdmin(VersionedAdmin):
+class TierAdmin(RuleOwnerAdmin):
     form = TierForm
     inlines = [TierRuleInline]
     list_display = ["name", "rule_count", "tenant_count", "version"]
@@ -280,7 +352,7 @@ class TierAdmin(VersionedAdmin):
 
 
 @admin.register(Tenant)
-class TenantAdmin(VersionedAdmin):
+class TenantAdmin(RuleOwnerAdmin):
     form = TenantForm
     inlines = [TenantRuleInline]
     list_display = ["key", "tier", "overrides_until", "has_overrides"]
@@ -294,7 +366,7 @@ class TenantAdmin(VersionedAdmin):
 
 
 @admin.register(Rule)
-class RuleAdmin(SimpleHistoryAdmin):
+class RuleAdmin(PolicyAdmin):
     """Every rule; global rules (no tier, no tenant) are edited here."""
 
     form = RulePageForm
@@ -317,6 +389,16 @@ class RuleAdmin(SimpleHistoryAdmin):
         super().delete_model(request, obj)
         _bump_owners(obj, None)
 
+    def delete_queryset(self, request, queryset):
+        rules = list(queryset)
+        super().delete_queryset(request, queryset)
+        for rule in rules:
+            _bump_owners(rule, None)
+
+    def get_deleted_objects(self, objs, request):
+        # The rules go together, so they are checked together.
+        return refusing(super().get_deleted_objects(objs, request), lambda: check_rule_rows(delete=objs))
+
     @admin.display(description="owner")
     def owner_name(self, rule):
         return (
@@ -328,13 +410,14 @@ class RuleAdmin(SimpleHistoryAdmin):
         )
 
 
-def _bump_owners(rule: Rule, before: dict | None) -> None:
-    """A rule edited on its own page changes its tier's or tenant's rules: move their
-    versions, so that a tier or tenant page opened before refuses to save over it."""
-    tiers = {rule.tier_id, (before or {}).get("tier_id")} - {None}
-    tenants = {rule.tenant_id, (before or {}).get("tenant_id")} - {None}
-    Tier.objects.filter(pk__in=tiers).update(version=F("version") + 1)
-    Tenant.objects.filter(pk__in=tenants).update(version=F("version") + 1)
+def _bump_owners(rule: Rule, before: Mapping[str, Any] | None) -> None:
+    """A rule edited on its own page changes its tier's or tenant's rules: save them after
+    it, so that a tier or tenant page opened before refuses to save over it (a new version),
+    and their history has a record with these rules."""
+    tiers = {pk for pk in (rule.tier_id, (before or {}).get("tier_id")) if pk is not None}
+    tenants = {pk for pk in (rule.tenant_id, (before or {}).get("tenant_id")) if pk is not None}
+    for owner in [*Tier.objects.filter(pk__in=tiers), *Tenant.objects.filter(pk__in=tenants)]:
+        owner.save()
 
 
 @admin.register(PriorityClass)
@@ -343,13 +426,17 @@ class PriorityClassAdmin(VersionedAdmin):
     list_display = ["name", "watermark", "level_names", "version"]
     filter_horizontal = ["levels"]
 
+    def revert_initial(self, record) -> dict:
+        # The form would show the levels it has now: the record keeps those it had then.
+        return {"levels": [row.level_id for row in record.levels.all()]}
+
     @admin.display(description="levels")
     def level_names(self, priority):
         return ", ".join(level.name for level in priority.levels.all()) or "global (default)"
 
 
 @admin.register(PolicySettings)
-class PolicySettingsAdmin(SimpleHistoryAdmin):
+class PolicySettingsAdmin(PolicyAdmin):
     list_display = ["__str__", "default_tier"]
 
     def has_add_permission(self, request):

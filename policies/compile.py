@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 # The level whose key names a tenant.
 TENANT_LEVEL = "team"
+# The level whose key names a user: the statistics show a user as "team / user".
+USER_LEVEL = "user"
 # Where global rules go when no level is named `global`: the broadest (last) one.
 GLOBAL_LEVEL = "global"
 # How often a worker asks the database whether the policy changed: an edit reaches every
@@ -96,6 +98,7 @@ class Policy:
     ) -> HierarchicalLimiter:
         kind, name = route
         if kind == "tenant":
+            assert name is not None, route  # a tenant's route names the tenant
             tenant = self.tenants[name]
             config = self.config(tenant.tier, tenant.overrides)
         else:
@@ -117,9 +120,9 @@ def read_policy() -> Policy:
         global_rules: dict[str, list[dict]] = {}
         overrides: dict[str, dict[str, list[dict]]] = {}
         for rule in Rule.objects.select_related("tier", "tenant", "level").order_by("position", "id"):
-            if rule.tier_id is not None:
+            if rule.tier is not None:
                 target = tiers.setdefault(rule.tier.name, {})
-            elif rule.tenant_id is not None:
+            elif rule.tenant is not None:
                 target = overrides.setdefault(rule.tenant.key, {})
             else:
                 target = global_rules
@@ -253,6 +256,7 @@ class PolicyCache:
             policy = self._read_if_changed()
             if policy is not None:
                 compiled = self._compile(policy, {}, now)
+        assert compiled is not None  # with no policy yet, _read_if_changed read one or raised
         if now >= compiled.expiry_at:
             compiled = self._compile(compiled.policy, compiled.limiters, now)
         self._compiled = compiled

@@ -69,6 +69,11 @@ def quota_units(quota: float | None) -> int | None:
     """`q`: the quota rounded down, never negative; None when there is no finite quota."""
     if quota is None or not math.isfinite(quota):
         return None
+    return whole_units(quota)
+
+
+def whole_units(quota: float) -> int:
+    """`q` of a finite quota: rounded down, never negative."""
     return _whole(math.floor(quota))
 
 

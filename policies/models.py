@@ -1,25 +1,28 @@
 """The policy store: levels, tiers, tenants, the rules they carry, priority classes.
 
-Rows are turned into limiters in one place, `policies.compile`. Validation here reuses the
-engine's own declarations (core.RULES, core.Param, core.config), so a rule type's parameters
-are stated once, in core, and never again here.
+Rows are turned into limiters in one place, `policies.compile`. A row's validation calls the
+policy's invariants (`policies.invariants`), which reuse the engine's own declarations
+(core.RULES, core.Param, core.config): a rule type's parameters are stated once, in core.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import F, Q
+from django.dispatch import Signal
 from simple_history.models import HistoricalRecords
 
-from core import RULES, ConfigError
-from core.config import FAIL_MODES, parse_fail_modes, parse_priorities
-from core.rules import build_rule
+from core import RULES
+from core.config import FAIL_MODES
 
-# \A and \Z, not ^ and $: `$` also matches before a trailing newline.
-NAME_VALIDATOR = RegexValidator(r"\A[A-Za-z0-9_.:-]+\Z", "Letters, digits and _ . : - only.")
+from .invariants import NAME_VALIDATOR, PolicyViolation, check_fail_mode, check_rule, check_watermark, taken
+
 COUNTS_CHOICES = [("cost", "cost"), ("requests", "requests (1 per request)")]
 
 
@@ -53,8 +56,29 @@ class PolicyHistory(HistoricalRecords):
         return reason
 
 
+class RulesAtVersion(models.Model):
+    """What a tier's or tenant's history record keeps beyond the row's own fields: the rules
+    it had at that version (`policies.history`), so that reverting to it can put them back."""
+
+    rules = models.JSONField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="Its rule rows at this version: level (id), position, type, params, label, shadow, "
+        "counts. Empty (null) in records made before rules were kept with each version.",
+    )
+
+    class Meta:
+        abstract = True
+
+
 class StaleVersion(Exception):
     """A save of a row that someone else changed since it was read (optimistic locking)."""
+
+
+# Sent by a versioned row's save before it writes anything (its version check is a write):
+# the policy version is bumped there, so that every policy write locks the version row first.
+versioned_save = Signal()
 
 
 class Versioned(models.Model):
@@ -67,12 +91,21 @@ class Versioned(models.Model):
 
     def save(self, *args, **kwargs):
         if not self._state.adding and self.pk is not None:
+            versioned_save.send(sender=type(self), instance=self, using=kwargs.get("using") or "default")
             # A conditional UPDATE, so two saves of the same version cannot both win.
-            bumped = type(self).objects.filter(pk=self.pk, version=self.version).update(version=F("version") + 1)
+            stored = type(self)._default_manager.filter(pk=self.pk, version=self.version)
+            bumped = stored.update(version=F("version") + 1)
             if not bumped:
                 raise StaleVersion(f"{self._meta.verbose_name} {self} changed since you opened it")
             self.version += 1
         super().save(*args, **kwargs)
+
+    def unique_error_message(self, model_class, unique_check):
+        # One wording for a name taken, whoever asks: the admin's form, the API (a 409).
+        if len(unique_check) == 1:
+            value = getattr(self, unique_check[0])
+            return ValidationError(taken(str(self._meta.verbose_name), value), code="unique")
+        return super().unique_error_message(model_class, unique_check)
 
 
 class Level(Versioned):
@@ -100,19 +133,16 @@ class Level(Versioned):
 
     def clean(self):
         try:
-            parse_fail_modes(
-                {self.name or "level": {"fail_mode": self.fail_mode, "fallback_fraction": self.fallback_fraction}},
-                (self.name or "level",),
-            )
-        except ConfigError as error:
-            raise ValidationError({error.path.rsplit(".", 1)[-1]: error.reason}) from None
+            check_fail_mode(self.fail_mode, self.fallback_fraction)
+        except PolicyViolation as error:
+            raise ValidationError({error.path: error.reason}) from None
 
 
 class Tier(Versioned):
     """A plan (free, pro, ...): rules for each level."""
 
     name = models.CharField(max_length=64, unique=True, validators=[NAME_VALIDATOR])
-    history = PolicyHistory()
+    history = PolicyHistory(bases=[RulesAtVersion])
 
     class Meta:
         ordering = ["name"]
@@ -130,7 +160,7 @@ class Tenant(Versioned):
     overrides_until = models.DateTimeField(
         null=True, blank=True, help_text="Overrides stop applying at this time; empty: never."
     )
-    history = PolicyHistory()
+    history = PolicyHistory(bases=[RulesAtVersion])
 
     class Meta:
         ordering = ["key"]
@@ -175,6 +205,19 @@ class Rule(models.Model):
     def owner(self):
         return self.tier or self.tenant
 
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any], **fields: Any) -> Rule:
+        """A row holding `spec`, a rule as the policy file spells it; `fields` are its owner,
+        level and position. The inverse of `spec()`."""
+        return cls(
+            type=spec["type"],
+            label=spec.get("label") or "",
+            shadow=spec.get("shadow", False),
+            counts=spec.get("counts", "cost"),
+            params={k: v for k, v in spec.items() if k not in SPEC_FIELDS},
+            **fields,
+        )
+
     def spec(self) -> dict:
         """The rule as the engine's config spells it."""
         spec = {"type": self.type, **(self.params or {})}
@@ -191,21 +234,52 @@ class Rule(models.Model):
             raise ValidationError("A rule belongs to a tier, a tenant, or neither (global), never both.")
         if not isinstance(self.params, dict):
             raise ValidationError({"params": "Must be a mapping of parameter names to values."})
-        check_rule_spec(self.spec())
+        try:
+            check_rule(self.spec())
+        except PolicyViolation as error:
+            # A parameter's error lands on `params`, naming the parameter.
+            field = error.path.split(".", 1)[0]
+            if field in SPEC_FIELDS:
+                raise ValidationError({field: error.reason}) from None
+            raise ValidationError({"params": str(error)}) from None
 
 
-def check_rule_spec(spec: dict) -> None:
-    """Build the rule with the engine, turning its ConfigError into a ValidationError on the
-    model field it names (a parameter's error lands on `params`, naming the parameter)."""
-    try:
-        build_rule(spec, "")
-    except ConfigError as error:
-        path = error.path.lstrip(".")
-        field = path.split(".", 1)[0].split("[", 1)[0]
-        if field in ("type", "label", "shadow", "counts"):
-            raise ValidationError({field: error.reason}) from None
-        message = f"{path}: {error.reason}" if path else error.reason
-        raise ValidationError({"params": message}) from None
+# A rule spec's keys that are the row's own fields; every other key is a parameter.
+SPEC_FIELDS = ("type", "label", "shadow", "counts")
+
+
+def rule_specs(rules: Iterable[Rule]) -> dict[str, list[dict]]:
+    """Rule rows (ordered by level, then position) as specs by level name, as the policy file
+    spells them."""
+    out: dict[str, list[dict]] = {}
+    for rule in rules:
+        out.setdefault(rule.level.name, []).append(rule.spec())
+    return out
+
+
+def replace_rules(
+    owner: Tier | Tenant | None, rules: Mapping[str, list[Any]], levels: Mapping[str, Level] | None = None
+) -> bool:
+    """Make the rules of `owner` (None: the global rules) these specs by level name, replacing
+    them all. Left alone when nothing changes, so that the audit trail shows real changes
+    only; True when they changed. The caller has checked them (`policies.invariants`), and
+    saved the owner first in the same transaction: its history record made by that save
+    then holds these rules (`policies.history`)."""
+    held = {"tier": owner if isinstance(owner, Tier) else None, "tenant": owner if isinstance(owner, Tenant) else None}
+    current = Rule.objects.filter(**held).select_related("level")
+    wanted = {level: [Rule.from_spec(spec).spec() for spec in specs] for level, specs in rules.items() if specs}
+    if rule_specs(current) == wanted:
+        return False
+    levels = levels if levels is not None else {level.name: level for level in Level.objects.all()}
+    current.delete()
+    for level, specs in wanted.items():
+        for position, spec in enumerate(specs):
+            Rule.from_spec(spec, level=levels[level], position=position, **held).save()
+    if owner is not None:
+        from .history import record_rules
+
+        record_rules(owner)
+    return True
 
 
 class PriorityClass(Versioned):
@@ -234,8 +308,8 @@ class PriorityClass(Versioned):
 
     def clean(self):
         try:
-            parse_priorities({self.name or "class": {"watermark": self.watermark}}, ("global",))
-        except ConfigError as error:
+            check_watermark(self.watermark)
+        except PolicyViolation as error:
             raise ValidationError({"watermark": error.reason}) from None
 
 

@@ -1,7 +1,9 @@
-"""The policy file (SPEC.md, "Policy file"): read, check, load into the store, export.
+"""The policy file: read, check, load into the store, export.
 
 Checking happens in full before anything is written, and the first error is a ConfigError
-whose `path` names the field inside the file (`tiers.pro.user[0].capacity`). Loading
+whose `path` names the field inside the file (`tiers.pro.user[0].capacity`). The file's
+shape is checked here; the policy's invariants by `policies.invariants`, as the admin and
+the API check them. Loading
 replaces the whole store in one transaction; rows that did not change are left alone, so
 the audit trail shows what a load really changed.
 """
@@ -20,14 +22,22 @@ from django.db import transaction
 from django.utils.dateparse import parse_datetime
 
 from core import ConfigError
-from core.config import parse_fail_modes, parse_levels, parse_priorities
-from core.rules import build_rule
+from core.config import DEFAULT_FALLBACK_FRACTION, parse_priorities
 
 from .compile import GLOBAL_LEVEL
+from .invariants import (
+    PolicyViolation,
+    check_deletable,
+    check_fail_mode,
+    check_global_rules,
+    check_name,
+    check_owner_rules,
+    unknown,
+    within,
+)
 
 TOP_LEVEL_FIELDS = ("default_tier", "levels", "tiers", "global", "tenants", "priorities")
 DEFAULT_LEVELS = ({"name": "user"}, {"name": "team"}, {"name": "global"})
-RULE_FIELDS = ("type", "label", "shadow", "counts")
 
 
 def read_file(path: str | Path) -> Any:
@@ -65,30 +75,26 @@ def global_level(levels: tuple[str, ...]) -> str:
 def check_document(doc: Any) -> dict:
     """The document, checked and normalised; raises ConfigError naming the first bad field."""
     doc = _mapping(doc if doc is not None else {}, "")
-    unknown = sorted(set(doc) - set(TOP_LEVEL_FIELDS))
-    if unknown:
-        raise ConfigError(f"unknown field (known: {', '.join(TOP_LEVEL_FIELDS)})", unknown[0])
+    unknown_fields = sorted(set(doc) - set(TOP_LEVEL_FIELDS))
+    if unknown_fields:
+        raise ConfigError(f"unknown field (known: {', '.join(TOP_LEVEL_FIELDS)})", unknown_fields[0])
     levels = _check_levels(doc.get("levels", list(DEFAULT_LEVELS)))
     names = tuple(level["name"] for level in levels)
-    tiers = {
-        name: _rules_by_level(spec, names, f"tiers.{name}")
-        for name, spec in _mapping(doc.get("tiers", {}), "tiers").items()
-    }
-    for name, rules in tiers.items():
-        _name(name, f"tiers.{name}")
-        if not any(rules.values()):
-            raise ConfigError("a tier needs at least one rule", f"tiers.{name}")
     global_rules = _check_global(doc.get("global", []), names)
+    tiers = {}
+    for name, spec in _mapping(doc.get("tiers", {}), "tiers").items():
+        _name(name, f"tiers.{name}")
+        tiers[name] = _owner_rules("tier", spec, names, global_rules, f"tiers.{name}")
     default_tier = doc.get("default_tier")
     if default_tier is not None and default_tier not in tiers:
-        raise ConfigError(f"unknown tier {default_tier!r} (known: {', '.join(tiers) or 'none'})", "default_tier")
+        raise ConfigError(unknown("tier", default_tier, tiers), "default_tier")
     tenants = {
-        key: _check_tenant(key, spec, tiers, default_tier, names)
+        key: _check_tenant(key, spec, tiers, default_tier, names, global_rules)
         for key, spec in _mapping(doc.get("tenants", {}), "tenants").items()
     }
     priorities = doc.get("priorities") or {}
-    parse_priorities(priorities, names)
-    checked = {
+    parse_priorities(priorities, names)  # the watermark's bounds: policies.invariants.check_watermark's
+    return {
         "default_tier": default_tier,
         "levels": levels,
         "tiers": tiers,
@@ -96,8 +102,6 @@ def check_document(doc: Any) -> dict:
         "tenants": tenants,
         "priorities": {n: dict(p) for n, p in priorities.items()},
     }
-    _check_compiles(checked)
-    return checked
 
 
 def _mapping(value: Any, path: str) -> Mapping:
@@ -107,13 +111,10 @@ def _mapping(value: Any, path: str) -> Mapping:
 
 
 def _name(value: Any, path: str) -> str:
-    from .models import NAME_VALIDATOR
-
     try:
-        NAME_VALIDATOR(value if isinstance(value, str) else "")
-    except ValidationError:
-        raise ConfigError("must be a name of letters, digits and _ . : -", path) from None
-    return value
+        return check_name(value)
+    except PolicyViolation as error:
+        raise within(path, error) from None
 
 
 def _check_levels(levels: Any) -> list[dict]:
@@ -126,62 +127,74 @@ def _check_levels(levels: Any) -> list[dict]:
         if name in seen:
             raise ConfigError(f"level {name!r} appears twice", f"levels[{i}].name")
         seen.add(name)
-        spec = {k: v for k, v in level.items() if k != "name"}
+        extra = sorted(set(level) - {"name", "fail_mode", "fallback_fraction"})
+        if extra:
+            raise ConfigError(f"unknown field {extra[0]!r} (known: fail_mode, fallback_fraction, name)", f"levels[{i}]")
         try:
-            mode = parse_fail_modes({name: spec}, (name,))[name]
-        except ConfigError as error:
-            raise ConfigError(error.reason, f"levels[{i}]" + error.path[len(f"fail_modes.{name}") :]) from None
+            mode = check_fail_mode(
+                level.get("fail_mode", "open"), level.get("fallback_fraction", DEFAULT_FALLBACK_FRACTION)
+            )
+        except PolicyViolation as error:
+            raise within(f"levels[{i}]", error) from None
         out.append({"name": name, "fail_mode": mode.mode, "fallback_fraction": mode.fallback_fraction})
     return out
 
 
 def _rules_by_level(spec: Any, levels: tuple[str, ...], path: str) -> dict[str, list[dict]]:
+    """The file's shape of rules: a mapping of known level names to lists of mappings."""
     out = {}
     for level, rules in _mapping(spec, path).items():
         if level not in levels:
-            raise ConfigError(f"unknown level (known: {', '.join(levels)})", f"{path}.{level}")
-        out[level] = _check_rules(rules, f"{path}.{level}")
+            raise ConfigError(unknown("level", level, levels), f"{path}.{level}")
+        if not isinstance(rules, list):
+            raise ConfigError(f"must be a list of rules, not {type(rules).__name__}", f"{path}.{level}")
+        out[level] = [dict(rule) if isinstance(rule, Mapping) else rule for rule in rules]
     return out
 
 
-def _check_rules(rules: Any, path: str) -> list[dict]:
-    if not isinstance(rules, list):
-        raise ConfigError(f"must be a list of rules, not {type(rules).__name__}", path)
-    for i, rule in enumerate(rules):
-        build_rule(rule, f"{path}[{i}]")
-        _check_row_fields(rule, f"{path}[{i}]")
-    return [dict(rule) for rule in rules]
-
-
-def _check_row_fields(rule: dict, path: str) -> None:
-    """What the engine takes but the Rule row cannot hold (a label longer than its column)."""
-    from .models import Rule
-
+def _owner_rules(kind: str, spec: Any, levels: tuple[str, ...], global_rules: dict, path: str) -> dict:
+    """A tier's rules or a tenant's overrides, checked with the file's global rules; or the
+    global rules by level (`kind` "global"), checked among themselves."""
+    rules = _rules_by_level(spec, levels, path)
     try:
-        Rule(**_rule_fields(rule)).clean_fields(exclude=["tier", "tenant", "level", "position"])
-    except ValidationError as error:
-        field, messages = next(iter(error.message_dict.items()))
-        raise ConfigError(" ".join(messages), f"{path}.{field}") from None
+        if kind == "global":
+            check_global_rules(rules)
+        else:
+            check_owner_rules(kind, rules, global_rules)
+    except PolicyViolation as error:
+        raise within(path, error) from None
+    return rules
 
 
 def _check_global(spec: Any, levels: tuple[str, ...]) -> dict[str, list[dict]]:
-    if isinstance(spec, list):
-        return {global_level(levels): _check_rules(spec, "global")} if spec else {}
-    return _rules_by_level(spec, levels, "global")
+    """The file's global rules: by level, or a plain list for the `global` level (else the last)."""
+    if not isinstance(spec, list):
+        return _owner_rules("global", spec, levels, {}, "global")
+    level = global_level(levels)
+    rules = {level: [dict(rule) if isinstance(rule, Mapping) else rule for rule in spec]} if spec else {}
+    try:
+        check_global_rules(rules)
+    except PolicyViolation as error:
+        # A plain list's rules are named `global[1]`, not by the level they go to.
+        raise ConfigError(error.reason, "global" + error.path[len(level) :]) from None
+    return rules
 
 
-def _check_tenant(key: Any, spec: Any, tiers: dict, default_tier: str | None, levels: tuple[str, ...]) -> dict:
+def _check_tenant(
+    key: Any, spec: Any, tiers: dict, default_tier: str | None, levels: tuple[str, ...], global_rules: dict
+) -> dict:
     path = f"tenants.{key}"
     if not isinstance(key, str) or not key or len(key) > 200:
         raise ConfigError("a tenant key must be a non-empty string of at most 200 characters", path)
     spec = _mapping(spec if spec is not None else {}, path)
-    unknown = sorted(set(spec) - {"tier", "overrides", "overrides_until"})
-    if unknown:
-        raise ConfigError("unknown field (known: overrides, overrides_until, tier)", f"{path}.{unknown[0]}")
+    extra = sorted(set(spec) - {"tier", "overrides", "overrides_until"})
+    if extra:
+        raise ConfigError("unknown field (known: overrides, overrides_until, tier)", f"{path}.{extra[0]}")
     tier = spec.get("tier", default_tier)
     if tier not in tiers:
-        raise ConfigError(f"unknown tier {tier!r} (known: {', '.join(tiers) or 'none'})", f"{path}.tier")
-    overrides = _rules_by_level(spec.get("overrides") or {}, levels, f"{path}.overrides")
+        raise ConfigError(unknown("tier", tier, tiers), f"{path}.tier")
+    # Overrides replace the tier's rules at their levels, which were checked with the tier.
+    overrides = _owner_rules("tenant", spec.get("overrides") or {}, levels, global_rules, f"{path}.overrides")
     return {
         "tier": tier,
         "overrides": overrides,
@@ -196,30 +209,6 @@ def _datetime(value: Any, path: str) -> dt.datetime | None:
     if moment is None:
         raise ConfigError("must be a date and time like 2026-12-31T00:00:00Z", path)
     return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
-
-
-def _check_compiles(checked: dict) -> None:
-    """Every tier and every tenant's overrides, with the global rules, must build: the same
-    rule twice at one level (one bucket) is refused here rather than at request time."""
-    globals_ = checked["global"]
-    owners = [(f"tiers.{name}", rules, {}) for name, rules in checked["tiers"].items()]
-    owners += [
-        (f"tenants.{key}.overrides", checked["tiers"][t["tier"]], t["overrides"])
-        for key, t in checked["tenants"].items()
-        if t["overrides"]
-    ]
-    for path, rules, overrides in owners:
-        config = {
-            level["name"]: [
-                *overrides.get(level["name"], rules.get(level["name"], [])),
-                *globals_.get(level["name"], []),
-            ]
-            for level in checked["levels"]
-        }
-        try:
-            parse_levels(config)
-        except ConfigError as error:
-            raise ConfigError(f"{error.reason} (with the global rules)", f"{path}.{error.path}") from None
 
 
 # Loading ----------------------------------------------------------------------------------
@@ -252,11 +241,22 @@ class _Loader:
         self._set_default_tier()
         for name, tier in list(self.tiers.items()):
             if name not in self.doc["tiers"]:
-                tier.delete()
+                self._delete(tier, f"tiers.{name}")
                 del self.tiers[name]
         self._replace_rules()
         self._upsert_priorities()
-        Level.objects.exclude(name__in=list(self.levels)).delete()
+        for level in Level.objects.exclude(name__in=list(self.levels)):
+            self._delete(level, "levels")
+
+    @staticmethod
+    def _delete(row, path: str) -> None:
+        # The rows that relied on it were replaced or removed first, so this holds; checked
+        # all the same, as every deletion is (policies.invariants).
+        try:
+            check_deletable(row)
+        except PolicyViolation as error:
+            raise ConfigError(error.reason, path) from None
+        row.delete()
 
     def _saved(self, obj, path: str):
         try:
@@ -332,26 +332,18 @@ class _Loader:
                 self._write_rules(owner, wanted.get(owner, {}))
 
     def _write_rules(self, owner: tuple, rules: dict[str, list[dict]]) -> None:
-        from .models import Rule
+        from .models import replace_rules
 
         kind, name = owner
-        row_owner = (
-            {"tier": self.tiers.get(name)}
-            if kind == "tier"
-            else {"tenant": self.tenants.get(name)}
-            if kind == "tenant"
-            else {}
-        )
-        if kind != "global" and None in row_owner.values():
+        row = self.tiers.get(name) if kind == "tier" else self.tenants.get(name) if kind == "tenant" else None
+        if kind != "global" and row is None:
             return  # an owner that is gone: its rules went with it
-        Rule.objects.filter(tier=row_owner.get("tier"), tenant=row_owner.get("tenant")).delete()
-        for level, specs in rules.items():
-            for position, spec in enumerate(specs):
-                Rule.objects.create(level=self.levels[level], position=position, **row_owner, **_rule_fields(spec))
-        for obj in row_owner.values():
-            if id(obj) not in self.saved:
-                obj.save()  # a new version: a form opened before this load is now stale
-                self.saved.add(id(obj))
+        if row is not None and id(row) not in self.saved:
+            # Saved first, then its rules: a new version (a form opened before this load is now
+            # stale), and the history's record of it then holds these rules.
+            row.save()
+            self.saved.add(id(row))
+        replace_rules(row, rules, self.levels)
 
     def _upsert_priorities(self) -> None:
         from .models import PriorityClass
@@ -373,21 +365,11 @@ class _Loader:
                 priority.levels.set(levels)
 
 
-def _rule_fields(spec: dict) -> dict:
-    return {
-        "type": spec["type"],
-        "label": spec.get("label") or "",
-        "shadow": spec.get("shadow", False),
-        "counts": spec.get("counts", "cost"),
-        "params": {k: v for k, v in spec.items() if k not in RULE_FIELDS},
-    }
-
-
 def _normal(rules: dict[str, list[dict]]) -> dict:
     """Rules compared as the store keeps them (a `shadow: false` or `counts: cost` is no change)."""
     from .models import Rule
 
-    return {level: [Rule(**_rule_fields(spec)).spec() for spec in specs] for level, specs in rules.items() if specs}
+    return {level: [Rule.from_spec(spec).spec() for spec in specs] for level, specs in rules.items() if specs}
 
 
 # Exporting --------------------------------------------------------------------------------

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 from django.db import transaction
 from django.db.models import F
-from django.db.models.signals import m2m_changed, post_delete, post_save
+from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete, pre_save
 
 from . import models
 
 POLICY_MODELS = (models.Level, models.Tier, models.Tenant, models.Rule, models.PriorityClass, models.PolicySettings)
+BEFORE_A_WRITE = (pre_save, pre_delete, models.versioned_save)
 
 
 def bump_version() -> None:
     """Add one to the policy version (creating its row the first time)."""
-    if not models.PolicyVersion.objects.filter(pk=1).update(number=F("number") + 1):
-        models.PolicyVersion.objects.get_or_create(pk=1, defaults={"number": 1})
+    if models.PolicyVersion.objects.filter(pk=1).update(number=F("number") + 1):
+        return
+    _, created = models.PolicyVersion.objects.get_or_create(pk=1, defaults={"number": 1})
+    if not created:
+        # Another transaction created the row since our update found none (on PostgreSQL,
+        # this one waited for it to commit): our change needs a bump of its own.
+        models.PolicyVersion.objects.filter(pk=1).update(number=F("number") + 1)
 
 
 def current_version() -> int:
@@ -22,16 +28,26 @@ def current_version() -> int:
     return models.PolicyVersion.objects.filter(pk=1).values_list("number", flat=True).first() or 0
 
 
-def policy_changed(sender=None, using="default", **kwargs) -> None:
-    """Bump the version inside the transaction that changes the policy, at its first change:
-    the bump commits with the change or rolls back with it, once per transaction however
-    many rows it changes (a policy load touches hundreds). A bump after the commit (an
-    on_commit hook) would leave a saved change unpublished, and report it as failed, if the
-    database went away between the commit and the bump: workers reload only when the
-    version moves."""
+def policy_changed(sender=None, using="default", signal=None, action="", **kwargs) -> None:
+    """Bump the version inside the transaction that changes the policy, once, before its
+    first change writes a row: the bump commits with the change or rolls back with it,
+    however many rows the transaction changes (a policy load touches hundreds). A bump after
+    the commit (an on_commit hook) would leave a saved change unpublished, and report it as
+    failed, if the database went away between the commit and the bump: workers reload only
+    when the version moves.
+
+    Before the first write, not after it: every policy write then takes the version row's
+    lock before any other row's, so two of them wait for each other, never deadlock (on
+    PostgreSQL, a load holding the version row and an edit holding a tenant's row that the
+    load goes on to change did). Outside a transaction the bump comes after the change,
+    which is committed already: a worker reading in between would miss it."""
+    before = signal in BEFORE_A_WRITE or action.startswith("pre_")  # m2m_changed: pre_add, post_add, ...
     connection = transaction.get_connection(using)
     if not connection.in_atomic_block:
-        bump_version()  # autocommit: the change is committed already
+        if not before:
+            bump_version()
+        return
+    if not before:
         return
     marker = getattr(connection, "_policies_bumped", None)
     # A rollback, of the transaction or of the savepoint that bumped, drops the marker from
@@ -48,9 +64,20 @@ def policy_changed(sender=None, using="default", **kwargs) -> None:
 
 
 def connect() -> None:
+    from simple_history.signals import pre_create_historical_record
+
+    from .history import keep_rules
+
+    signals = {"pre-save": pre_save, "save": post_save, "pre-delete": pre_delete, "delete": post_delete}
     for model in POLICY_MODELS:
-        post_save.connect(policy_changed, sender=model, dispatch_uid=f"policies-save-{model.__name__}")
-        post_delete.connect(policy_changed, sender=model, dispatch_uid=f"policies-delete-{model.__name__}")
+        for name, signal in signals.items():
+            signal.connect(policy_changed, sender=model, dispatch_uid=f"policies-{name}-{model.__name__}")
+    models.versioned_save.connect(policy_changed, dispatch_uid="policies-versioned-save")
     m2m_changed.connect(
         policy_changed, sender=models.PriorityClass.levels.through, dispatch_uid="policies-m2m-priority-levels"
     )
+    for owner in (models.Tier, models.Tenant):
+        # Each version of a tier or tenant in its history keeps the rules it had then.
+        pre_create_historical_record.connect(
+            keep_rules, sender=owner.history.model, dispatch_uid=f"policies-history-rules-{owner.__name__}"
+        )

@@ -50,7 +50,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -123,7 +123,13 @@ _limits: dict[tuple[str, type], Limit] = {}
 _limits_lock = threading.Lock()
 
 
-def limit_for(owner: type, setting: str, with_paths: bool = False) -> Limit | None:
+class Clocked(Protocol):
+    """A throttle or middleware class: its `timer` is the clock its limit reads."""
+
+    timer: Callable[[], float]
+
+
+def limit_for(owner: type[Clocked], setting: str, with_paths: bool = False) -> Limit | None:
     """The compiled `setting` for `owner` (whose `timer` is the clock); None when unset."""
     limit = _limits.get((setting, owner))
     if limit is None:

@@ -17,6 +17,9 @@ import time
 import pytest
 import redis
 
+# `--database=postgres` and the PostgreSQL server it runs the tests on.
+pytest_plugins = ["tests.postgres"]
+
 STARTUP_TIMEOUT = 10.0  # seconds for a fresh server to answer PING
 
 

@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping
 
 from core import Decision, HierarchicalLimiter
-from policies.headers import limit_item, policy_item, quota_units, retry_after_header, rule_quota, sf_string
+from policies.headers import limit_item, policy_item, retry_after_header, rule_quota, sf_string, whole_units
 
 
 def json_number(value: float) -> float | None:
@@ -64,10 +64,11 @@ class _HeaderPlan:
     __slots__ = ("policy", "items", "smallest")
 
     def __init__(self, items: list[tuple[str, str, float, float | None]]) -> None:
-        self.policy = ", ".join(policy_item(sf_string(item), quota_units(q), w) for item, _, q, w in items)
-        self.items = {name: (sf_string(item), quota_units(q)) for item, name, q, w in items}
+        # Finite quotas only (see _header_plan): each has its whole `q`.
+        self.policy = ", ".join(policy_item(sf_string(item), whole_units(q), w) for item, _, q, w in items)
+        self.items = {name: (sf_string(item), whole_units(q)) for item, name, q, w in items}
         smallest = min(items, key=lambda i: i[2]) if items else None
-        self.smallest = (sf_string(smallest[0]), quota_units(smallest[2])) if smallest else None
+        self.smallest = (sf_string(smallest[0]), whole_units(smallest[2])) if smallest else None
 
 
 def _header_plan(limiter: HierarchicalLimiter, levels: tuple[str, ...]) -> _HeaderPlan:
@@ -92,7 +93,8 @@ def decision_headers(limiter: HierarchicalLimiter, keys: Mapping[str, str], deci
     plan = _header_plan(limiter, tuple(keys))
     headers = {}
     if plan.smallest is not None:
-        item, units = plan.items.get(decision.blocked_by) or plan.smallest
+        blocking = plan.items.get(decision.blocked_by) if decision.blocked_by is not None else None
+        item, units = blocking or plan.smallest
         headers["RateLimit-Policy"] = plan.policy
         limit = limit_item(decision, item, units)
         if limit is not None:

@@ -19,7 +19,8 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import generics
 from rest_framework.pagination import LimitOffsetPagination
 
-from policies.models import Level, PolicySettings, PriorityClass, Rule, StaleVersion, Tenant, Tier
+from policies.invariants import PolicyViolation, check_deletable
+from policies.models import Level, PolicySettings, PriorityClass, StaleVersion, Tenant, Tier
 
 from . import policy_serializers as shapes
 from . import schemas
@@ -95,11 +96,6 @@ def save_and_render(serializer) -> None:
     atomically(save)
 
 
-def _names(values, more: int) -> str:
-    shown = ", ".join(str(value) for value in values)
-    return f"{shown} and {more} more" if more > 0 else shown
-
-
 class PolicyList(generics.ListCreateAPIView):
     permission_classes = [IsOperator]
     pagination_class = PolicyPagination
@@ -129,16 +125,16 @@ class PolicyItem(generics.RetrieveUpdateDestroyAPIView):
         save_and_render(serializer)
 
     def perform_destroy(self, instance):
-        self.refuse_if_used(instance)
+        try:
+            check_deletable(instance)
+        except PolicyViolation as error:
+            raise conflict(error.reason, self.lookup_field) from None
         try:
             atomically(instance.delete)
         except ProtectedError as error:  # taken into use since the check above
             raise conflict(
                 f"{self.kind} {instance} is still in use ({len(error.protected_objects)} rows); remove those uses first"
             ) from None
-
-    def refuse_if_used(self, instance) -> None:
-        """Raise a 409 that says what still uses `instance` (optional)."""
 
 
 def _list_schema(kind: str, one: str, serializer, **more):
@@ -191,19 +187,6 @@ class TierItem(PolicyItem):
     queryset = Tier.objects.prefetch_related("rules__level")
     kind = "tier"
 
-    def refuse_if_used(self, tier):
-        if PolicySettings.objects.filter(pk=1, default_tier=tier).exists():
-            raise conflict(
-                f"tier {tier.name!r} is the default tier: choose another default tier first (PUT /api/v1/settings)",
-                "name",
-            )
-        keys = list(tier.tenants.order_by("key").values_list("key", flat=True)[:5])
-        if keys:
-            more = tier.tenants.count() - len(keys)
-            raise conflict(
-                f"tier {tier.name!r} is used by tenants {_names(keys, more)}: move them to another tier first", "name"
-            )
-
 
 # Tenants ----------------------------------------------------------------------------------
 
@@ -243,24 +226,6 @@ class LevelItem(PolicyItem):
     serializer_class = shapes.LevelSerializer
     queryset = Level.objects.all()
     kind = "level"
-
-    def refuse_if_used(self, level):
-        rules = Rule.objects.filter(level=level).select_related("tier", "tenant")
-        if rules:
-            owners = sorted(
-                {f"tier {r.tier}" if r.tier else f"tenant {r.tenant}" if r.tenant else "global" for r in rules}
-            )
-            raise conflict(
-                f"level {level.name!r} has {len(rules)} rule(s) ({', '.join(owners)}): remove them first", "name"
-            )
-        classes = list(level.priority_classes.values_list("name", flat=True))
-        if classes:
-            # Dropping it would quietly move those classes to their default level.
-            raise conflict(
-                f"level {level.name!r} is used by priority classes {', '.join(classes)}: "
-                f"take it out of their levels first",
-                "name",
-            )
 
 
 # Priority classes ------------------------------------------------------------------------------

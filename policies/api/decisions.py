@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from time import perf_counter
 
 from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -30,7 +31,7 @@ from . import schemas
 from .answers import decision_body, decision_headers, explain_rows
 from .auth import CanDecide, ServiceTokenAuthentication, TokenUser, bearer_identity
 from .errors import conflict, invalid, not_found
-from .observe import record, record_many
+from .observe import observe_seconds, record, record_many, reservation_opened, reservation_settled
 from .parsers import FastJSONParser
 from .requests import parse_batch, parse_decision, parse_reservation, parse_settlement, read_json
 
@@ -61,6 +62,19 @@ class _Call:
 
     def __getattr__(self, name):
         return getattr(self._request, name)  # as DRF's Request: the rest is the Django request's
+
+
+class Timed:
+    """A view whose requests are timed into `limiter_decision_seconds{endpoint}`."""
+
+    endpoint = ""
+
+    def dispatch(self, request, *args, **kwargs):
+        start = perf_counter()
+        try:
+            return super().dispatch(request, *args, **kwargs)
+        finally:
+            observe_seconds(self.endpoint, perf_counter() - start)
 
 
 class GatewayView(APIView):
@@ -111,7 +125,8 @@ class GatewayView(APIView):
         try:
             call = _Call(request, self._authenticate(request))
             for permission in self.get_permissions():
-                if not permission.has_permission(call, self):
+                # The call stands in for DRF's Request: it has what permission classes read.
+                if not permission.has_permission(call, self):  # type: ignore[arg-type]
                     raise exceptions.PermissionDenied(
                         getattr(permission, "message", None), getattr(permission, "code", None)
                     )
@@ -145,13 +160,14 @@ class GatewayView(APIView):
         except exceptions.APIException:
             # DRF's unauthenticated caller (UNAUTHENTICATED_USER) becomes the request's user.
             unauthenticated = api_settings.UNAUTHENTICATED_USER
-            request.user = unauthenticated() if unauthenticated else None
+            request.user = unauthenticated() if callable(unauthenticated) else None
             raise
 
     def _handle_lean_exception(self, exc: Exception, request) -> Response:
         """APIView.handle_exception: the Bearer challenge on a 401, then the exception handler."""
         if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
-            exc.auth_header = self.get_authenticators()[0].authenticate_header(request)
+            # DRF's own attribute (its handle_exception sets it too), which its stubs do not declare.
+            exc.auth_header = self.get_authenticators()[0].authenticate_header(request)  # type: ignore[union-attr]
         context = {"view": self, "args": self.args, "kwargs": self.kwargs, "request": request}
         response = self.get_exception_handler()(exc, context)
         if response is None:
@@ -171,13 +187,17 @@ class GatewayView(APIView):
         Django renders the response."""
         response.accepted_renderer = self.renderer_classes[0]()
         response.accepted_media_type = JSON
-        response.renderer_context = {"view": self, "args": self.args, "kwargs": self.kwargs, "request": request}
+        # Set by DRF's finalize_response too; its stubs do not declare it.
+        context = {"view": self, "args": self.args, "kwargs": self.kwargs, "request": request}
+        response.renderer_context = context  # type: ignore[attr-defined]
         for key, value in self._response_headers().items():
             response[key] = value
         return response
 
 
-class DecisionView(GatewayView):
+class DecisionView(Timed, GatewayView):
+    endpoint = "decisions"
+
     @extend_schema(
         request=schemas.DecisionRequest,
         responses={200: schemas.Decision, **schemas.ERRORS},
@@ -198,12 +218,14 @@ class DecisionView(GatewayView):
             body = {**decision_body(decision), "dry_run": True, "rules": explain_rows(rows)}
         else:
             decision = limiter.acquire(asked.keys, asked.cost, asked.priority)
-            record(asked.keys, decision)
+            record(asked.keys, decision, asked.cost)
             body = decision_body(decision)
         return body, decision_headers(limiter, asked.keys, decision)
 
 
-class BatchView(GatewayView):
+class BatchView(Timed, GatewayView):
+    endpoint = "batch"
+
     @extend_schema(
         request=schemas.BatchRequest,
         responses={200: schemas.BatchAnswer, **schemas.ERRORS},
@@ -225,7 +247,7 @@ class BatchView(GatewayView):
             if not error.field:
                 raise
             raise invalid(f"requests.{error.field}", str(error).split(": ", 1)[-1]) from None
-        record_many((r.keys, decision) for r, decision in zip(asked, decisions))
+        record_many((r.keys, decision, r.cost) for r, decision in zip(asked, decisions))
         return {"decisions": [decision_body(d) for d in decisions]}, {}
 
 
@@ -233,8 +255,9 @@ def _epoch_iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
-class ReservationView(APIView):
+class ReservationView(Timed, APIView):
     permission_classes = [CanDecide]
+    endpoint = "reservations"
 
     @extend_schema(
         request=schemas.ReservationRequest,
@@ -256,13 +279,14 @@ class ReservationView(APIView):
         keys, cost, priority, hold = parse_reservation(request.data, cache.current())
         limiter = cache.limiter_for(keys.get(TENANT_LEVEL))
         decision, reservation = limiter.reserve(keys, cost, priority, hold)
-        record(keys, decision)
+        record(keys, decision, cost)
         body = {**decision_body(decision), "id": None, "expires_at": None, "cost": cost}
         if reservation is not None:
             # The store's clock may not be the wall clock (in-process: monotonic), so the
             # expiry is reported as now plus what is left of the hold.
             left = reservation.expires_at - reservation.taken_at
             body.update(id=reservation.id, expires_at=_epoch_iso(time.time() + left), hold=left)
+            reservation_opened(reservation.id, left)
         status = 201 if decision.allowed else 200
         return Response(body, status=status, headers=decision_headers(limiter, keys, decision))
 
@@ -272,9 +296,10 @@ class ReservationView(APIView):
 SETTLE_ERRORS = {**schemas.ERRORS, **schemas.NOT_FOUND, **schemas.CONFLICT, **schemas.UNAVAILABLE}
 
 
-class SettleView(APIView):
+class SettleView(Timed, APIView):
     permission_classes = [CanDecide]
     commit = True
+    endpoint = "commit"
 
     def post(self, request, reservation_id):
         actual_cost = parse_settlement(request.data, required=self.commit)
@@ -284,10 +309,12 @@ class SettleView(APIView):
             raise not_found(f"no open reservation {reservation_id!r}: unknown, or expired", "id") from None
         except ReservationSettled:
             raise conflict(f"reservation {reservation_id!r} is already settled", "id") from None
+        status = "committed" if self.commit else "cancelled"
+        reservation_settled(reservation_id, status)
         return Response(
             {
                 "id": reservation_id,
-                "status": "committed" if self.commit else "cancelled",
+                "status": status,
                 "refunded": settlement.refunded,
                 "charged": settlement.charged,
                 "released": settlement.released,
@@ -311,6 +338,7 @@ class CommitView(SettleView):
 
 class CancelView(SettleView):
     commit = False
+    endpoint = "cancel"
 
     @extend_schema(
         request=None,

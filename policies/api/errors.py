@@ -126,10 +126,12 @@ def handle_exception(exc: Exception, context: dict) -> Response | None:
     if isinstance(exc, exceptions.APIException):
         status_code, code = _CODES.get(type(exc), (exc.status_code, "error"))
         status_code = exc.status_code  # DRF turns a 401 into 403 when no scheme can challenge
-        if getattr(exc, "auth_header", None):
-            headers["WWW-Authenticate"] = exc.auth_header
-        if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
-            headers["Retry-After"] = str(int(-(-exc.wait // 1)))
+        # Both set by DRF on the exception, neither declared by its stubs.
+        challenge, wait = getattr(exc, "auth_header", None), getattr(exc, "wait", None)
+        if challenge:
+            headers["WWW-Authenticate"] = challenge
+        if isinstance(exc, exceptions.Throttled) and wait is not None:
+            headers["Retry-After"] = str(int(-(-wait // 1)))
         fields = flatten(exc.detail) if isinstance(exc.detail, (dict, list)) else {}
         message = _message(fields, str(exc.detail))
         return Response(error_body(code, message, fields), status=status_code, headers=headers)

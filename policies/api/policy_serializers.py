@@ -5,12 +5,12 @@ A tier's rules have the policy file's shape, rule specs by level name:
     {"name": "pro", "rules": {"user": [{"type": "sliding_window", "limit": 600, "window": 60}]},
      "version": 3}
 
-Nothing here decides what is valid. A rule is built by the engine (`build_rule`), a row is
-checked by its model (`full_clean`), and an owner's rules with the global rules by the
-admin's own check (`check_with_global_rules`); this module only says where an error is
-(`rules.user.0.capacity`). On top of that every serializer is strict: an unknown field is
-refused, `version` is the optimistic lock of every row but the settings, and a PUT must
-send every field (a forgotten field is an error, never a silent reset).
+Nothing here decides what is valid: the policy's invariants are `policies.invariants`' (a
+row's own through its model's `full_clean`), as the admin and the policy file check them.
+This module only says where an error is (`rules.user.0.capacity`) and whether it is a 400
+or a 409 (a conflict with what is stored). On top of that every serializer is strict: an
+unknown field is refused, `version` is the optimistic lock of every row but the settings,
+and a PUT must send every field (a forgotten field is an error, never a silent reset).
 """
 
 from __future__ import annotations
@@ -30,13 +30,10 @@ from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from core import RULES, ConfigError
-from core.rules import build_rule
-from policies.admin import check_with_global_rules
-from policies.models import NAME_VALIDATOR, Level, PriorityClass, Rule, Tenant, Tier
-
-# The policy file's mapping of a rule spec onto a Rule row, so that the two never differ.
-from policies.policyfile import _rule_fields as rule_fields
+from core import RULES
+from core.config import FAIL_MODES
+from policies.invariants import NAME_VALIDATOR, PolicyViolation, check_owner_rules, check_rule, unknown
+from policies.models import Level, PolicySettings, PriorityClass, Rule, Tenant, Tier, replace_rules, rule_specs
 
 from .errors import conflict
 from .schema_hooks import keyed_by_level, names_of
@@ -63,10 +60,9 @@ def full_clean(row, exclude: tuple[str, ...] = (), prefix: str = "") -> None:
     except DjangoValidationError as error:
         errors = error.error_dict if hasattr(error, "error_dict") else {NON_FIELD_ERRORS: error.error_list}
         for field, items in errors.items():
-            if any(item.code == "unique" for item in items) and field != NON_FIELD_ERRORS:
-                raise conflict(
-                    f"{row._meta.verbose_name} {getattr(row, field)!r} already exists", f"{prefix}{field}"
-                ) from None
+            taken = [item for item in items if item.code == "unique"]
+            if taken and field != NON_FIELD_ERRORS:
+                raise conflict(taken[0].messages[0], f"{prefix}{field}") from None
         raise serializers.ValidationError(
             {
                 (prefix.rstrip(".") or "non_field_errors") if field == NON_FIELD_ERRORS else f"{prefix}{field}": [
@@ -80,18 +76,19 @@ def full_clean(row, exclude: tuple[str, ...] = (), prefix: str = "") -> None:
 # Rules ----------------------------------------------------------------------------------
 
 
-def rules_by_level(rules) -> dict[str, list[dict]]:
-    """Rule rows (ordered by level, then position) as the policy file spells them."""
-    out: dict[str, list[dict]] = {}
-    for rule in rules:
-        out.setdefault(rule.level.name, []).append(rule.spec())
-    return out
+def refusal(error: PolicyViolation, field: str) -> Exception:
+    """A violation of a policy invariant as the API answers it: a 409 for a conflict with what
+    is stored, else a 400; either names `field` and the violation's path below it."""
+    path = ".".join(part for part in (field, engine_path(error.path)) if part)
+    if error.conflict:
+        return conflict(error.reason, path)
+    return serializers.ValidationError({path or "non_field_errors": error.reason})
 
 
 class RuleMapField(serializers.Field):
-    """Rule specs by level name. Reads as `{level: [spec, ...]}`; each spec is built by the
-    engine and checked by the Rule model. The value is `{level: [unsaved Rule rows]}`; a
-    level given `null` or `[]` has no rules (on PATCH: its rules are removed).
+    """Rule specs by level name. Reads as `{level: [spec, ...]}`, each spec checked on its
+    own (`check_rule`); a level given `null` or `[]` has no rules (on PATCH: its rules are
+    removed). The owner's serializer checks them together (`check_owner_rules`).
 
     `allow_empty=False`: the owner needs a rule somewhere. Its serializer checks that on the
     rules it will have (on PATCH, with those it keeps); the schema states it for POST and PUT."""
@@ -101,92 +98,45 @@ class RuleMapField(serializers.Field):
         super().__init__(**kwargs)
 
     def to_representation(self, rules):
-        return rules_by_level(rules.all())  # the views prefetch rules__level
+        return rule_specs(rules.all())  # the views prefetch rules__level
 
-    def to_internal_value(self, data: Any) -> dict[str, list[Rule]]:
+    def to_internal_value(self, data: Any) -> dict[str, list[dict]]:
         if not isinstance(data, Mapping):
             raise serializers.ValidationError(
                 "must be an object mapping level names to lists of rules, "
                 'e.g. {"user": [{"type": "token_bucket", ...}]}'
             )
-        levels = {level.name: level for level in Level.objects.all()}
+        levels = list(Level.objects.values_list("name", flat=True))
         out = {}
         for name, specs in data.items():
             if name not in levels:
-                raise serializers.ValidationError({name: f"unknown level (known: {', '.join(levels) or 'none'})"})
+                raise serializers.ValidationError({name: unknown("level", name, levels)})
             if specs is not None and not isinstance(specs, list):
                 raise serializers.ValidationError({name: f"must be a list of rules, not {type(specs).__name__}"})
-            out[name] = [self._rule(spec, levels[name], f"{name}.{i}") for i, spec in enumerate(specs or [])]
+            for i, spec in enumerate(specs or []):
+                try:
+                    check_rule(spec, f"{name}[{i}]")
+                except PolicyViolation as error:
+                    raise refusal(error, "") from None
+            out[name] = list(specs or [])
         return out
 
-    @staticmethod
-    def _rule(spec: Any, level: Level, path: str) -> Rule:
-        try:
-            build_rule(spec, path)
-        except ConfigError as error:
-            raise serializers.ValidationError({engine_path(error.path) or path: error.reason}) from None
-        row = Rule(level=level, position=int(path.rsplit(".", 1)[1]), **rule_fields(spec))
-        full_clean(row, exclude=("tier", "tenant"), prefix=f"{path}.")
-        return row
 
-
-def merged_rules(current, given: dict[str, list[Rule]] | None, partial: bool) -> dict[str, list[Rule]]:
+def merged_rules(current, given: dict[str, list[dict]] | None, partial: bool) -> dict[str, list[dict]]:
     """The rules an owner will have: `given` alone, or on PATCH `given` over `current`,
     level by level (a level not named keeps its rules)."""
-    if given is None:
-        given = {}
-    out: dict[str, list[Rule]] = {}
-    if partial and current is not None:
-        for rule in current.select_related("level"):
-            out.setdefault(rule.level.name, []).append(rule)
-    out.update(given)
+    out = rule_specs(current.select_related("level")) if partial and current is not None else {}
+    out.update(given or {})
     return {level: rules for level, rules in out.items() if rules}
 
 
-def check_rules(rules: dict[str, list[Rule]], field: str) -> None:
-    """With the global rules, as the admin checks them; a repeat is named at `field.level.i`."""
-    refuse_repeats(rules, field)
+def check_rules(kind: str, rules: dict[str, list[dict]], field: str) -> None:
+    """The rules of a tier or tenant with the global rules: a repeat is a 409, named at
+    `field.level.i`; anything else a 400."""
     try:
-        check_with_global_rules({level: [rule.spec() for rule in specs] for level, specs in rules.items()})
-    except ConfigError as error:
-        raise serializers.ValidationError({f"{field}.{engine_path(error.path)}": error.reason}) from None
-
-
-def refuse_repeats(rules: dict[str, list[Rule]], field: str) -> None:
-    """A rule that repeats another at its level, the owner's or a global one, is a 409: the
-    same type and parameters are the same bucket (the engine's `rule_id`), so it is taken,
-    as a name can be. Which rules repeat is beyond what a request schema can state."""
-    shared: dict[str, list[Rule]] = {}
-    for rule in Rule.objects.filter(tier=None, tenant=None).select_related("level"):
-        shared.setdefault(rule.level.name, []).append(rule)
-    for level, specs in rules.items():
-        seen = {build_rule(rule.spec(), "").rule_id: f"global rule {i}" for i, rule in enumerate(shared.get(level, []))}
-        for i, rule in enumerate(specs):
-            built = build_rule(rule.spec(), "")
-            if built.rule_id in seen:
-                raise conflict(
-                    f"repeats {seen[built.rule_id]} ({built.display()}) of this level: the same type and "
-                    f"parameters are one bucket, whatever the label",
-                    f"{field}.{level}.{i}",
-                )
-            seen[built.rule_id] = f"rule {i}"
-
-
-def write_rules(owner: Tier | Tenant, rules: dict[str, list[Rule]]) -> None:
-    """Make the owner's rules these, replacing them all; left alone when nothing changed, so
-    the audit trail shows only real changes."""
-    current = owner.rules.select_related("level")
-    if rules_by_level(current) == {level: [rule.spec() for rule in specs] for level, specs in rules.items()}:
-        return
-    current.delete()
-    for specs in rules.values():
-        for position, rule in enumerate(specs):
-            fields = {k: getattr(rule, k) for k in ("type", "params", "label", "shadow", "counts")}
-            Rule.objects.create(level=rule.level, position=position, **{_owner_field(owner): owner}, **fields)
-
-
-def _owner_field(owner) -> str:
-    return "tier" if isinstance(owner, Tier) else "tenant"
+        check_owner_rules(kind, rules)
+    except PolicyViolation as error:
+        raise refusal(error, field) from None
 
 
 class RuleMapExtension(OpenApiSerializerFieldExtension):
@@ -356,15 +306,13 @@ class StrictSerializer(serializers.Serializer):
             )
 
 
-# A name as the models take it, matched whole (the models' `^...$` lets a final newline by).
-NAME = RegexValidator(rf"\A{NAME_VALIDATOR.regex.pattern.strip('^$')}\Z", NAME_VALIDATOR.message)
 # DRF refuses NUL in any string; the schema says so with this pattern.
 NO_NUL = RegexValidator(r"\A[^\x00]*\Z", "Null characters are not allowed.")
 
 
 def name_field(model, **kwargs) -> StrictCharField:
     """A row's name: letters, digits and _ . : - only, as long as the model's column."""
-    return StrictCharField(max_length=model._meta.get_field("name").max_length, validators=[NAME], **kwargs)
+    return StrictCharField(max_length=model._meta.get_field("name").max_length, validators=[NAME_VALIDATOR], **kwargs)
 
 
 def largest(model, field: str) -> int:
@@ -437,9 +385,7 @@ class TierSerializer(StrictSerializer):
         tier.name = attrs.get("name", tier.name)
         full_clean(tier)
         rules = merged_rules(self.instance.rules if self.instance else None, attrs.get("rules"), self.partial)
-        if not rules and not self.fields["rules"].allow_empty:
-            raise serializers.ValidationError({"rules": "a tier needs at least one rule"})
-        check_rules(rules, "rules")
+        check_rules("tier", rules, "rules")
         return {"tier": tier, "rules": rules}
 
     def create(self, validated):
@@ -452,13 +398,19 @@ class TierSerializer(StrictSerializer):
     def _save(validated) -> Tier:
         tier = validated["tier"]
         tier.save()  # an update whose version moved since the check raises StaleVersion
-        write_rules(tier, validated["rules"])
+        replace_rules(tier, validated["rules"])
         return tier
 
 
 @extend_schema_field(names_of("tier"))
 class TierName(serializers.SlugRelatedField):
     """A configured tier, by its name (the live schema lists them)."""
+
+    def fail(self, key, **kwargs):
+        if key == "does_not_exist":
+            known = Tier.objects.values_list("name", flat=True)
+            raise serializers.ValidationError(unknown("tier", kwargs["value"], known), code=key)
+        super().fail(key, **kwargs)
 
 
 class TenantSerializer(StrictSerializer):
@@ -469,9 +421,7 @@ class TenantSerializer(StrictSerializer):
         validators=[NO_NUL],
         help_text="The team key requests carry.",
     )
-    tier = TierName(
-        slug_field="name", queryset=Tier.objects.all(), error_messages={"does_not_exist": "unknown tier {value!r}"}
-    )
+    tier = TierName(slug_field="name", queryset=Tier.objects.all())
     overrides = RuleMapField(
         source="rules",
         required=False,
@@ -493,7 +443,7 @@ class TenantSerializer(StrictSerializer):
                 setattr(tenant, field, attrs[field])
         full_clean(tenant)
         rules = merged_rules(self.instance.rules if self.instance else None, attrs.get("rules"), self.partial)
-        check_rules(rules, "overrides")
+        check_rules("tenant", rules, "overrides")
         return {"tenant": tenant, "rules": rules}
 
     def create(self, validated):
@@ -506,7 +456,7 @@ class TenantSerializer(StrictSerializer):
     def _save(validated) -> Tenant:
         tenant = validated["tenant"]
         tenant.save()
-        write_rules(tenant, validated["rules"])
+        replace_rules(tenant, validated["rules"])
         return tenant
 
 
@@ -524,7 +474,7 @@ class LevelSerializer(StrictSerializer):
         help_text="Evaluation order, lower first. Default: after the last level.",
     )
     fail_mode = serializers.ChoiceField(
-        choices=Level._meta.get_field("fail_mode").choices,
+        choices=FAIL_MODES,
         required=False,
         help_text=Level._meta.get_field("fail_mode").help_text,
     )
@@ -568,9 +518,7 @@ class LevelNamesField(serializers.ListField):
         levels = {level.name: level for level in Level.objects.all()}
         for i, name in enumerate(names):
             if name not in levels:
-                raise serializers.ValidationError(
-                    {str(i): f"unknown level {name!r} (known: {', '.join(levels) or 'none'})"}
-                )
+                raise serializers.ValidationError({str(i): unknown("level", name, levels)})
         return [levels[name] for name in dict.fromkeys(names)]
 
 
@@ -602,7 +550,7 @@ class PrioritySerializer(StrictSerializer):
 
 
 @extend_schema_field(names_of("tier"))
-class NullableTierName(serializers.SlugRelatedField):
+class NullableTierName(TierName):
     """A tier by its name, or null for none. DRF reads an empty string as null in a nullable
     relation; here it is refused, as the schema says (a name has at least one character)."""
 
@@ -619,12 +567,11 @@ class SettingsSerializer(StrictSerializer):
         slug_field="name",
         queryset=Tier.objects.all(),
         allow_null=True,
-        error_messages={"does_not_exist": "unknown tier {value!r}"},
         help_text="The tier of team keys that name no tenant; null: none.",
     )
 
     def validate(self, attrs):
-        settings = self.instance
+        settings = self.instance or PolicySettings()  # SettingsView reads the row, or makes one
         if "default_tier" in attrs:
             settings.default_tier = attrs["default_tier"]
         full_clean(settings)

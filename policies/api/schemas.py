@@ -18,7 +18,9 @@ from .schema_hooks import keyed_by_level, names_of
 class ErrorDetail(serializers.Serializer):
     code = serializers.CharField(help_text="What went wrong, e.g. invalid, not_found, conflict.")
     message = serializers.CharField()
-    fields = serializers.DictField(
+    # The error shape's key. DRF's metaclass takes declared fields out of the class, so this
+    # does not hide Serializer.fields at run time; mypy sees the class body only.
+    fields = serializers.DictField(  # type: ignore[assignment]
         child=serializers.CharField(), help_text="Dotted field paths, e.g. requests.3.cost, with what is wrong there."
     )
 
@@ -99,7 +101,7 @@ class RuleFinding(serializers.Serializer):
     key = serializers.CharField()
     rule = serializers.CharField()
     name = serializers.CharField()
-    label = serializers.CharField(allow_null=True)
+    label = serializers.CharField(allow_null=True)  # type: ignore[assignment]  # as `fields` in ErrorDetail
     shadow = serializers.BooleanField()
     wait = serializers.FloatField(allow_null=True)
     remaining = serializers.FloatField(allow_null=True)
@@ -154,3 +156,78 @@ class Settlement(serializers.Serializer):
     refunded = serializers.FloatField()
     charged = serializers.FloatField()
     released = serializers.IntegerField()
+
+
+# --- the operators' read-outs ---------------------------------------------------------------
+
+
+class RuleCount(serializers.Serializer):
+    blocked_by = serializers.CharField(help_text='"level: rule".')
+    level = serializers.CharField()
+    denied = serializers.IntegerField()
+
+
+class TenantCount(serializers.Serializer):
+    tenant = serializers.CharField(help_text="A team key.")
+    denied = serializers.IntegerField(help_text="Its denials at any level: its users', its own and global ones.")
+
+
+class KeyCount(serializers.Serializer):
+    key = serializers.CharField()
+    team = serializers.CharField(
+        required=False, allow_null=True, help_text="User keys only: the team it was denied in (null: none given)."
+    )
+    denied = serializers.IntegerField()
+
+
+class BlockedPoint(serializers.Serializer):
+    at = serializers.IntegerField(help_text="Epoch seconds the step starts at.")
+    decisions = serializers.IntegerField()
+    denied = serializers.IntegerField()
+    shadow_denied = serializers.IntegerField()
+    blocked_by = serializers.DictField(child=serializers.IntegerField())
+
+
+class BlockedReport(serializers.Serializer):
+    window = serializers.FloatField(help_text="Seconds.")
+    since = serializers.IntegerField(help_text="Epoch seconds: the first whole minute read.")
+    until = serializers.FloatField(help_text="Epoch seconds: now.")
+    decisions = serializers.IntegerField()
+    denied = serializers.IntegerField()
+    shadow_denied = serializers.IntegerField(help_text="Decisions that a shadow rule would have denied.")
+    blocked_by = RuleCount(many=True)
+    shadow_blocked_by = RuleCount(many=True, help_text="Would-be denials of each shadow rule.")
+    top_tenants = TenantCount(many=True)
+    top_keys = serializers.DictField(child=KeyCount(many=True), help_text="The most denied keys of each level.")
+    series = BlockedPoint(many=True)
+
+
+class UsagePoint(serializers.Serializer):
+    start = serializers.IntegerField(help_text="Epoch seconds the step starts at.")
+    decisions = serializers.IntegerField()
+    allowed = serializers.IntegerField()
+    denied = serializers.IntegerField()
+    shadow_denied = serializers.IntegerField(help_text="Decisions that a shadow rule would have denied.")
+    cost = serializers.FloatField(help_text="What the allowed decisions took (e.g. tokens).")
+
+
+class TopUser(serializers.Serializer):
+    user = serializers.CharField()
+    decisions = serializers.IntegerField(help_text="At least its denials.")
+    denied = serializers.IntegerField()
+
+
+class TenantUsage(serializers.Serializer):
+    tenant = serializers.CharField()
+    tier = serializers.CharField(allow_null=True, help_text="The tier it resolved to (null: none).")
+    window = serializers.IntegerField(help_text="Seconds.")
+    step = serializers.IntegerField(help_text="Seconds per point: 60 or 3600.")
+    since = serializers.IntegerField(help_text="Epoch seconds: the first point's start.")
+    until = serializers.FloatField(help_text="Epoch seconds: now.")
+    breakdown_since = serializers.IntegerField(help_text="Epoch seconds: where blocked_by and top_users start.")
+    series = UsagePoint(many=True)
+    blocked_by = serializers.DictField(child=serializers.IntegerField(), help_text='"level: rule" -> denials.')
+    shadow_blocked_by = serializers.DictField(
+        child=serializers.IntegerField(), help_text='"level: rule" -> would-be denials of a shadow rule.'
+    )
+    top_users = TopUser(many=True)

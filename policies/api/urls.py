@@ -16,6 +16,8 @@ urlpatterns = [
     path("tiers/<str:name>", crud.TierItem.as_view(), name="api-tier"),
     # Team keys are the gateway's strings, so a tenant's may hold a slash.
     path("tenants", crud.TenantList.as_view(), name="api-tenants"),
+    # Before the tenant's own route, whose <path:key> would take "acme/usage" whole.
+    path("tenants/<path:key>/usage", inspection.TenantUsageView.as_view(), name="api-tenant-usage"),
     path("tenants/<path:key>", crud.TenantItem.as_view(), name="api-tenant"),
     path("levels", crud.LevelList.as_view(), name="api-levels"),
     path("levels/<str:name>", crud.LevelItem.as_view(), name="api-level"),

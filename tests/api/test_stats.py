@@ -1,4 +1,5 @@
-"""GET /api/v1/stats/blocked: denials by blocked_by and the most throttled keys."""
+"""GET /api/v1/stats/blocked: denials by blocked_by, the most throttled tenants (denials at any
+level) and keys (users with their team), and shadow rules' would-be denials."""
 
 import pytest
 
@@ -17,8 +18,40 @@ def test_denials_are_counted_by_rule_and_key(api, decide_client, admin_api_clien
     assert body["decisions"] == 15 and body["denied"] == 5
     by_rule = {row["blocked_by"]: row["denied"] for row in body["blocked_by"]}
     assert by_rule == {"user: token_bucket(10, 1/s)": 3, "team: token_bucket(1000, 100/s)": 2}
-    assert body["top_keys"]["user"][0] == {"key": "greedy", "denied": 3}
+    assert body["top_keys"]["user"][0] == {"key": "greedy", "team": "nobody", "denied": 3}
     assert body["top_keys"]["team"][0] == {"key": "acme", "denied": 2}
+
+
+def test_acmes_users_denials_make_acme_a_top_tenant(api, decide_client, admin_api_client):
+    for user in ("alice", "bob"):
+        for _ in range(52):  # pro user burst: 50, then 2 denials each
+            decide(decide_client, {"user": user, "team": "acme"})
+    for _ in range(13):
+        decide(decide_client, {"user": "greedy", "team": "initech"})  # free: 10, then 3 denials
+    body = admin_api_client.get("/api/v1/stats/blocked", {"window": "5m"}).json()
+    assert body["top_tenants"] == [{"tenant": "acme", "denied": 4}, {"tenant": "initech", "denied": 3}]
+    assert "team" not in body["top_keys"]  # nobody was denied at the team level itself
+
+
+def test_one_user_id_in_two_teams_is_two_rows(api, decide_client, admin_api_client):
+    for team, times in (("acme", 53), ("initech", 12)):
+        for _ in range(times):
+            decide(decide_client, {"user": "shared", "team": team})
+    users = admin_api_client.get("/api/v1/stats/blocked", {"window": "5m"}).json()["top_keys"]["user"]
+    assert users == [
+        {"key": "shared", "team": "acme", "denied": 3},
+        {"key": "shared", "team": "initech", "denied": 2},
+    ]
+
+
+def test_shadow_rules_would_be_denials_are_counted_by_rule(engine, load, policy_doc, decide_client, admin_api_client):
+    policy_doc["tiers"]["free"]["user"].append({"type": "fixed_window", "limit": 2, "window": 60, "shadow": True})
+    load(policy_doc)
+    for _ in range(5):
+        assert decide(decide_client, {"user": "u1", "team": "nobody"})["allowed"]
+    body = admin_api_client.get("/api/v1/stats/blocked", {"window": "5m"}).json()
+    assert body["denied"] == 0 and body["shadow_denied"] == 3
+    assert body["shadow_blocked_by"] == [{"blocked_by": "user: fixed_window(2/60s)", "level": "user", "denied": 3}]
 
 
 def test_old_denials_leave_the_window(api, decide_client, admin_api_client, clock):

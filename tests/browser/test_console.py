@@ -81,7 +81,7 @@ def test_an_operator_sees_a_tenant_throttled_reads_its_buckets_and_raises_its_li
     assert answers[-1]["blocked_by"] == TINY_RULE
 
     # The throttled panel refreshes itself (htmx, every 10 s): the tenant, then the chart.
-    row = page.locator('#top-keys [data-level="team"] tr[data-key="tinyco"]')
+    row = page.locator('#top-keys [data-level="tenants"] tr[data-key="tinyco"]')
     expect(row.locator("td.denied")).to_have_text("2", timeout=20_000)
     expect(page.locator("#blocked-by")).to_contain_text(TINY_RULE)
     assert chart_series(page) == {TINY_RULE: 2}

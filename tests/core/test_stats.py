@@ -25,7 +25,7 @@ from core.stores.redis import RedisStore, connect
 from .helpers import token_bucket
 
 START = 1_800_000_030.0  # half a minute into a minute
-MINUTE, HOUR = 60, 3600
+MINUTE, HOUR, DAY = 60, 3600, 86400
 TEAM_RULE = "team: token_bucket(100, 10/s)"
 USER_RULE = "user: token_bucket(10, 1/s)"
 ALLOWED = allowed(5.0)
@@ -80,6 +80,11 @@ def server(redis_url, redis_server):
     client.close()
 
 
+def members(stats, name):
+    """A sorted set's members, on either kind of statistics store."""
+    return stats.client.pipeline().zrange(name, 0, -1).execute()[0]
+
+
 def redis_stats(url, clock, **options):
     return DenialStats(
         client=redis.Redis.from_url(url, socket_timeout=2),
@@ -116,7 +121,11 @@ def test_it_lists_the_most_denied_keys_of_each_level_most_first(new_stats):
     # Ties are listed by key; `top` cuts the list.
     assert report["top_keys"] == {
         "team": [{"key": "acme", "denied": 1}],
-        "user": [{"key": "bob", "denied": 7}, {"key": "cat", "denied": 4}, {"key": "dan", "denied": 4}],
+        "user": [
+            {"key": "bob", "team": "acme", "denied": 7},
+            {"key": "cat", "team": "acme", "denied": 4},
+            {"key": "dan", "team": "acme", "denied": 4},
+        ],
     }
 
 
@@ -161,7 +170,7 @@ def test_it_counts_a_real_limiters_decisions_under_the_limiters_own_names(new_st
     report = stats.report(60)
     assert (report["decisions"], report["denied"]) == (5, 3)
     assert report["blocked_by"] == [{"blocked_by": blocked_by, "level": "user", "denied": 3}]
-    assert report["top_keys"] == {"user": [{"key": "u1", "denied": 3}]}
+    assert report["top_keys"] == {"user": [{"key": "u1", "team": "acme", "denied": 3}]}
 
 
 def test_a_denial_without_blocked_by_or_key_at_its_level_counts_as_a_denial_only(new_stats):
@@ -184,7 +193,7 @@ def test_a_denial_61_minutes_ago_is_outside_a_one_hour_window_and_59_minutes_ago
     stats.record(keys(user="newer"), denial(USER_RULE))
     clock.advance(59 * MINUTE)  # "old" is 61 minutes ago, "newer" 59
     report = stats.report(HOUR)
-    assert report["top_keys"]["user"] == [{"key": "newer", "denied": 1}]
+    assert report["top_keys"]["user"] == [{"key": "newer", "team": "acme", "denied": 1}]
     assert report["denied"] == 1
 
 
@@ -208,7 +217,10 @@ def test_a_long_windows_top_keys_add_whole_hours_to_the_minutes_at_its_edge(new_
     clock.advance(10 * MINUTE)  # 80 minutes past the first hour: the window starts at its 20th
     report = stats.report(HOUR)
     # "early" is in the first hour but before the window: that hour is read minute by minute.
-    assert report["top_keys"]["user"] == [{"key": "edge", "denied": 2}, {"key": "late", "denied": 1}]
+    assert report["top_keys"]["user"] == [
+        {"key": "edge", "team": "acme", "denied": 2},
+        {"key": "late", "team": "acme", "denied": 1},
+    ]
     assert report["denied"] == 3
 
 
@@ -220,8 +232,20 @@ def test_the_series_has_one_point_per_step_zeros_included(new_stats, clock):
     stats.record(keys(), denial(USER_RULE))
     series = stats.report(5 * MINUTE)["series"]
     assert [point["at"] for point in series] == [minute_of(START) + i * MINUTE for i in range(-3, 3)]
-    assert series[3] == {"at": minute_of(START), "decisions": 2, "denied": 1, "blocked_by": {TEAM_RULE: 1}}
-    assert series[4] == {"at": minute_of(START) + MINUTE, "decisions": 0, "denied": 0, "blocked_by": {}}
+    assert series[3] == {
+        "at": minute_of(START),
+        "decisions": 2,
+        "denied": 1,
+        "shadow_denied": 0,
+        "blocked_by": {TEAM_RULE: 1},
+    }
+    assert series[4] == {
+        "at": minute_of(START) + MINUTE,
+        "decisions": 0,
+        "denied": 0,
+        "shadow_denied": 0,
+        "blocked_by": {},
+    }
     assert series[5]["blocked_by"] == {USER_RULE: 1}
 
 
@@ -283,17 +307,15 @@ def test_ten_thousand_distinct_keys_in_a_minute_leave_top_k_per_level(new_stats,
         stats.record(keys(user=f"u{i:05}"), denial(USER_RULE))
         assert len(stats._buffer[minute_of(START)].keys["user"]) < BUFFER_SLACK * 20
     stats.flush()
-    if kind == "redis":
-        server = request.getfixturevalue("server")
-        assert server.zcard(f"la:{{stats}}:k:{minute_of(START)}:user") == 20
-        assert server.zcard(f"la:{{stats}}:h:{int(START // HOUR) * HOUR}:user") == 20
-    else:
-        assert len(stats._minutes[minute_of(START)].keys["user"]) == 20
-        assert len(stats._hours[int(START // HOUR) * HOUR]["user"]) == 20
+    assert len(members(stats, f"la:{{stats}}:k:{minute_of(START)}:user")) == 20
+    assert len(members(stats, f"la:{{stats}}:h:{int(START // HOUR) * HOUR}:user")) == 20
     report = stats.report(MINUTE, top=3)
     assert report["denied"] == 10_090  # totals and blocked_by stay exact
     assert report["blocked_by"][0]["denied"] == 10_090
-    assert report["top_keys"]["user"][:2] == [{"key": "hot-1", "denied": 50}, {"key": "hot-2", "denied": 40}]
+    assert report["top_keys"]["user"][:2] == [
+        {"key": "hot-1", "team": "acme", "denied": 50},
+        {"key": "hot-2", "team": "acme", "denied": 40},
+    ]
 
 
 @pytest.mark.parametrize("kind", ["memory"], indirect=True)
@@ -304,33 +326,59 @@ def test_in_process_minutes_past_retention_are_forgotten(new_stats, clock):
     clock.advance(2 * HOUR + 3 * MINUTE)  # past the end of the first hour plus retention
     stats.record(keys(), denial())
     stats.flush()
-    assert sorted(stats._minutes) == [minute_of(clock())]
-    assert sorted(stats._hours) == [int(clock() // HOUR) * HOUR]
+    m1, h1 = minute_of(clock()), int(clock() // HOUR) * HOUR
+    # Only the last minute's and hour's buckets are left (the tenant's own series are kept longer).
+    left = [name for name in stats.client.keys() if ":{stats}:u" not in name and ":{stats}:r" not in name]
+    assert [name for name in left if not name.endswith("seen")] == sorted(
+        [f"la:{{stats}}:m:{m1}", f"la:{{stats}}:k:{m1}:team", f"la:{{stats}}:h:{h1}:team"]
+        + [f"la:{{stats}}:t:{m1}", f"la:{{stats}}:ht:{h1}"]
+    )
 
 
 def test_every_redis_key_expires_once_no_window_can_read_it(redis_url, server, clock):
-    stats = redis_stats(redis_url, clock, retention=HOUR)
+    stats = redis_stats(redis_url, clock, retention=HOUR, usage_minutes=HOUR, usage_hours=2 * HOUR)
     stats.record(keys(), denial(TEAM_RULE))
     stats.record(keys(), denial(USER_RULE))
     clock.advance(MINUTE)
     stats.record(keys(), ALLOWED)
     stats.flush()
     m0, h0 = minute_of(START), int(START // HOUR) * HOUR
+    q0, d0 = int(START // 900) * 900, int(START // DAY) * DAY
     assert sorted(server.keys("*")) == sorted(
         [
             f"la:{{stats}}:m:{m0}",
             f"la:{{stats}}:m:{m0 + MINUTE}",  # each minute's totals
             f"la:{{stats}}:k:{m0}:team",
             f"la:{{stats}}:k:{m0}:user",  # the minute's denied keys
+            f"la:{{stats}}:t:{m0}",  # and denied tenants
             f"la:{{stats}}:h:{h0}:team",
             f"la:{{stats}}:h:{h0}:user",  # and the hour's
+            f"la:{{stats}}:ht:{h0}",
+            f"la:{{stats}}:um:{q0}:acme",  # the tenant's minutes, in a quarter-hour hash
+            f"la:{{stats}}:uh:{d0}:acme",  # its hours, in a day's hash
+            f"la:{{stats}}:ub:{d0}:acme",  # its blocked_by by hour
+            f"la:{{stats}}:uu:{h0}:acme",  # its most active users in the hour
+            f"la:{{stats}}:ux:{h0}:acme",  # and most denied
+            "la:{stats}:seen",  # users seen, trimmed by count and age
+            "la:{stats}:rules",  # rule names' short ids, and back
+            "la:{stats}:rule-names",
+            "la:{stats}:rule-seq",
         ]
     )
-    # A bucket is readable by a window of `retention` until its end plus retention.
-    for name in server.keys("la:{stats}:[mk]:*"):
-        assert 0 < server.ttl(name) <= HOUR + 2 * MINUTE
-    for name in server.keys("la:{stats}:h:*"):
-        assert HOUR < server.ttl(name) <= 2 * HOUR + MINUTE
+    now = clock()
+    # A bucket is readable by a window of its retention until its end plus that retention.
+    for pattern, end, retention in (
+        ("la:{stats}:[mkt]:*", m0 + 2 * MINUTE, HOUR),
+        ("la:{stats}:h*", h0 + HOUR, HOUR),
+        ("la:{stats}:um:*", q0 + 900, HOUR),
+        ("la:{stats}:u[hb]:*", d0 + DAY, 2 * HOUR),
+        ("la:{stats}:u[ux]:*", h0 + HOUR, HOUR),
+    ):
+        for name in server.keys(pattern):
+            assert 0 < server.ttl(name) <= end + retention + 60 - now + 1, name
+            assert server.ttl(name) > end + retention - now - MINUTE, name
+    for name in ("seen", "rules", "rule-names", "rule-seq"):
+        assert server.ttl(f"la:{{stats}}:{name}") == -1  # bounded by count, or by the policies' rules
 
 
 # --- flushing ---------------------------------------------------------------------------------
@@ -342,6 +390,7 @@ def test_record_touches_nothing_in_redis_and_a_flush_is_one_multi_exec(redis_url
         stats.record(keys(user=f"u{i}"), denial(USER_RULE) if i % 2 else ALLOWED)
         clock.advance(1)  # across two minutes
     assert server.dbsize() == 0
+    stats._rule_ids({USER_RULE})  # a rule's short id is named once, the first time it denies
     server.config_resetstat()
     stats.flush()
     commands = server.info("commandstats")
@@ -389,7 +438,10 @@ def test_two_workers_counts_add_up(redis_url, clock):
     worker_a.flush()
     for report in (worker_b.report(MINUTE), worker_a.report(MINUTE)):
         assert (report["decisions"], report["denied"]) == (8, 7)
-        assert report["top_keys"] == {"team": [{"key": "acme", "denied": 1}], "user": [{"key": "u1", "denied": 6}]}
+        assert report["top_keys"] == {
+            "team": [{"key": "acme", "denied": 1}],
+            "user": [{"key": "u1", "team": "acme", "denied": 6}],
+        }
 
 
 def test_counts_are_thread_safe(new_stats, frequent_thread_switches):

@@ -1,6 +1,8 @@
 """The bucket panel's actions: reset a key's buckets (confirmed, audited, CSRF-protected)
 and a dry-run decision that takes nothing."""
 
+import html as html_lib
+import json
 import re
 
 import pytest
@@ -8,7 +10,7 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.test import Client
 
-from policies.models import Tenant
+from policies.models import Rule, Tenant
 from tests.dashboard.conftest import DASHBOARD, decide, page, text
 
 RESET = DASHBOARD + "reset/"
@@ -182,3 +184,33 @@ def test_a_bad_dry_run_shows_a_form_error_never_a_500(api, console, query, field
         assert 'id="dry-run-errors"' in html or 'id="bucket-errors"' in html
         assert f"<b>{field}</b>: " in html and message in html
         assert 'id="dry-run-decision"' not in html
+
+
+# --- a reset acts on exactly the buckets its page showed ----------------------------------
+
+
+def test_a_user_keys_reset_acts_on_its_teams_buckets_and_no_other(api, decide_client, console):
+    decide(decide_client, {"user": "u1", "team": "acme"}, cost=30)  # acme: pro
+    decide(decide_client, {"user": "u1", "team": "initech"}, cost=5)  # initech: free
+    html = page(console, RESET, level="user", key="u1", team="acme")
+    shown = re.search(r'name="shown" value="([^"]*)"', html).group(1)
+    console.post(RESET, {"level": "user", "key": "u1", "team": "acme", "shown": html_lib.unescape(shown)})
+    assert tokens(api, "user", "u1", "acme") == [600, 50]
+    assert tokens(api, "user", "u1", "initech") == [5]
+
+
+def test_a_reset_whose_rules_changed_since_its_page_was_shown_resets_nothing(api, decide_client, console, clock):
+    decide(decide_client, {"team": "acme"}, cost=400)
+    html = page(console, RESET, level="team", key="acme", team="")
+    shown = html_lib.unescape(re.search(r'name="shown" value="([^"]*)"', html).group(1))
+    assert json.loads(shown) == ["team: token_bucket(1000, 100/s)"]
+    tier_rule = Rule.objects.get(tier__name="pro", level__name="team")
+    tier_rule.params = {"capacity": 1000, "per_second": 50}
+    tier_rule.save()
+    clock.advance(1)
+    response = console.post(RESET, {"level": "team", "key": "acme", "team": "", "shown": shown})
+    assert response.status_code == 200
+    assert "Nothing was reset: the rules of this key changed since the page was shown" in text(
+        response.content.decode()
+    )
+    assert not LogEntry.objects.exists()

@@ -1,9 +1,12 @@
 """Panel 1: who is throttled right now, and by what. The workload goes through the REST API,
 as a gateway's would; the dashboard must show the same numbers the statistics hold."""
 
+import html as html_lib
+import re
+
 import pytest
 
-from policies.models import Tenant
+from limiter_admin.dashboard import rule_colour
 from tests.dashboard.conftest import DASHBOARD, chart_data, decide, page, text
 
 USER_RULE = "user: token_bucket(10, 1/s)"
@@ -64,34 +67,87 @@ def test_old_denials_leave_the_short_window_but_not_the_long_ones(workload, cons
     assert f"{USER_RULE} 0 3 3" in table
 
 
+def row_of(html, section, key, team=None):
+    """The table row of `key` (and `team`) in a top-keys section ("tenants" or a level)."""
+    part = html[html.index(f'data-level="{section}"') :]
+    marker = f'data-key="{key}"' + (f' data-team="{team}"' if team else "")
+    start = part.index(marker)
+    return part[start : part.index("</tr>", start)]
+
+
 def test_the_most_throttled_tenants_and_users_link_to_their_tenant_page_and_buckets(workload, console):
     html = page(console)
-    acme = Tenant.objects.get(key="acme")
-    top = html[html.index('id="top-keys"') :]
-    tenants = top[top.index('data-level="team"') :]
-    row = tenants[tenants.index('data-key="acme"') : tenants.index("</tr>", tenants.index('data-key="acme"'))]
-    assert '<td class="denied">2</td>' in row
-    assert f'href="/admin/policies/tenant/{acme.pk}/change/"' in row
-    assert f'href="{DASHBOARD}?level=team&amp;key=acme#buckets"' in row
-    users = top[top.index('data-level="user"') :]
-    row = users[users.index('data-key="greedy"') : users.index("</tr>", users.index('data-key="greedy"'))]
-    assert '<td class="denied">3</td>' in row
-    assert f'href="{DASHBOARD}?level=user&amp;key=greedy#buckets"' in row
-    assert "tenant page" not in row
+    # "nobody" has no tenant row: its user's denials count for it all the same.
+    nobody = row_of(html, "tenants", "nobody")
+    assert '<td class="denied count">3</td>' in nobody
+    assert f'href="{DASHBOARD}tenants/nobody/"' in nobody
+    assert f'href="{DASHBOARD}?level=team&amp;key=nobody#buckets"' in nobody
+    acme = row_of(html, "tenants", "acme")
+    assert '<td class="denied count">2</td>' in acme and f'href="{DASHBOARD}tenants/acme/"' in acme
+    greedy = row_of(html, "user", "greedy", "nobody")
+    assert '<td class="denied count">3</td>' in greedy
+    assert f'href="{DASHBOARD}?level=user&amp;key=greedy&amp;team=nobody#buckets"' in greedy
+    assert f'href="{DASHBOARD}tenants/nobody/"' in greedy
+    assert "nobody / greedy" in text(greedy)
 
 
-def test_a_throttled_team_with_no_tenant_row_has_no_tenant_link(api, decide_client, console):
-    decide(decide_client, {"team": "nobody"}, cost=101)  # the free team bucket holds 100
+def test_acmes_users_denials_make_acme_a_top_tenant(api, decide_client, console):
+    for user in ("alice", "bob"):
+        for _ in range(53):  # the pro burst holds 50
+            decide(decide_client, {"user": user, "team": "acme"})
     html = page(console)
-    row = html[html.index('data-key="nobody"') :]
-    row = row[: row.index("</tr>")]
-    assert "live buckets" in row and "tenant page" not in row
+    assert '<td class="denied count">6</td>' in row_of(html, "tenants", "acme")
+    top = html[html.index('id="top-keys"') : html.index('id="health-panel"')]
+    assert 'data-level="team"' not in top  # nobody was denied at the team level itself
+
+
+def test_one_user_id_in_two_teams_is_two_rows_each_linking_to_its_own_buckets(api, decide_client, console):
+    for team, times in (("acme", 52), ("initech", 11)):
+        for _ in range(times):
+            decide(decide_client, {"user": "shared", "team": team})
+    html = page(console)
+    in_acme, in_initech = row_of(html, "user", "shared", "acme"), row_of(html, "user", "shared", "initech")
+    assert '<td class="denied count">2</td>' in in_acme and '<td class="denied count">1</td>' in in_initech
+    assert "team=acme" in in_acme and "team=initech" in in_initech
+
+
+def test_a_users_link_opens_the_bucket_that_throttled_it(api, decide_client, console):
+    for _ in range(52):
+        decide(decide_client, {"user": "alice", "team": "acme"})
+    html = page(console)
+    link = re.search(r'href="([^"]+)" class="buckets-link"', row_of(html, "user", "alice", "acme")).group(1)
+    buckets = text(console.get(html_lib.unescape(link)).content.decode())
+    # acme's pro bucket of 50, all taken: not the default tier's full bucket of 10.
+    assert "user: alice — tier pro, tenant acme" in buckets
+    assert "0 / 50 tokens left" in buckets and "/ 10 tokens left" not in buckets
+
+
+def test_shadow_rules_would_be_denials_are_shown_per_window(engine, load, policy_doc, decide_client, console, clock):
+    policy_doc["tiers"]["free"]["user"].append({"type": "fixed_window", "limit": 2, "window": 60, "shadow": True})
+    load(policy_doc)
+    for _ in range(4):
+        decide(decide_client, {"user": "u1", "team": "nobody"})
+    clock.advance(10 * 60)
+    for _ in range(3):
+        decide(decide_client, {"user": "u1", "team": "nobody"})
+    html = page(console)
+    table = text(html[html.index('id="shadow-rules"') : html.index("</table>", html.index('id="shadow-rules"'))])
+    assert "user: fixed_window(2/60s) 1 3 3" in table
+
+
+def test_a_rules_colour_is_derived_from_its_name_the_same_in_every_window_and_table(workload, console):
+    hour, day = chart_data(page(console, window="1h")), chart_data(page(console, window="24h"))
+    colours = {d["label"]: d["colour"] for d in hour["datasets"]}
+    assert colours == {d["label"]: d["colour"] for d in day["datasets"]}
+    assert colours == {USER_RULE: rule_colour(USER_RULE), TEAM_RULE: rule_colour(TEAM_RULE)}
+    assert colours[USER_RULE] != colours[TEAM_RULE]
+    assert f'style="background: {rule_colour(USER_RULE)}"' in page(console)
 
 
 def test_the_windows_switch_in_place_and_the_panel_refreshes_itself(workload, console):
     html = page(console, DASHBOARD + "throttled/", window="5m")
     assert f'hx-get="{DASHBOARD}throttled/?window=5m"' in html and 'hx-trigger="every 10s"' in html
-    assert 'class="window current"' in html and "Most throttled: Users, last 5 min" in html
+    assert 'class="window current"' in html and "Most throttled: Users (team / user), last 5 min" in html
     for window in ("5m", "1h", "24h"):
         assert f'hx-get="{DASHBOARD}throttled/?window={window}" hx-target="#throttled"' in html
 
@@ -104,4 +160,5 @@ def test_an_unknown_window_falls_back_to_the_hour(workload, console):
 def test_nothing_throttled_says_so(api, console):
     html = page(console)
     assert "No denials in the last 24 h." in html and "Nobody was throttled in the last 1 h." in html
+    assert "No shadow rule would have denied anything in the last 24 h." in html
     assert chart_data(html)["datasets"] == []

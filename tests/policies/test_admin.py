@@ -223,7 +223,7 @@ def test_a_tier_with_no_rules_is_refused(client, operator, loaded):
     data = tier_form(free)
     data |= {"rules-0-DELETE": "on", "rules-1-DELETE": "on"}
     response = client.post(f"/admin/policies/tier/{free.pk}/change/", data)
-    assert "A tier needs at least one rule." in response.content.decode()
+    assert "a tier needs at least one rule" in response.content.decode()
     assert free.rules.count() == 2
 
 
@@ -241,7 +241,8 @@ def test_a_rule_that_repeats_a_global_rule_is_refused(client, operator, loaded):
     rules[0].level = Level.objects.get(name="global")
     rules[0].params = {"capacity": 100000, "per_second": 10000}
     response = client.post(f"/admin/policies/tier/{free.pk}/change/", tier_form(free, rules=rules))
-    assert "repeats rule" in response.content.decode()
+    assert "global[0]: repeats global rule 0 (token_bucket(100000, 10000/s)) of this level" in response.content.decode()
+    assert not Rule.objects.filter(tier=free, level__name="global").exists()
 
 
 def test_tenants_can_be_searched_and_filtered(client, operator, loaded):
@@ -343,8 +344,28 @@ def test_a_global_rule_that_repeats_a_tiers_rule_is_refused_on_the_rule_page(cli
         },
     )
     assert response.status_code == 200
-    assert "repeats rule" in response.content.decode()
+    assert "tiers.pro.team[0]: repeats global rule 0 (token_bucket(1000, 100/s)) of this level" in (
+        response.content.decode()
+    )
     assert not Rule.objects.filter(tier=None, tenant=None, level=pro_team.level_id).exists()
+
+
+def test_params_that_are_not_a_mapping_are_a_form_error_on_the_rule_page_not_a_500(client, operator, loaded):
+    rule = Tier.objects.get(name="free").rules.first()
+    data = {
+        "tier": rule.tier_id,
+        "tenant": "",
+        "level": rule.level_id,
+        "type": rule.type,
+        "params": json.dumps([1, 2]),
+        "label": "",
+        "counts": "cost",
+        "position": 0,
+    }
+    response = client.post(f"/admin/policies/rule/{rule.pk}/change/", data)
+    assert response.status_code == 200
+    assert "Must be a mapping of parameter names to values." in response.content.decode()
+    assert Rule.objects.get(pk=rule.pk).params == rule.params
 
 
 # --- service tokens ----------------------------------------------------------------------------

@@ -122,8 +122,8 @@ def test_the_command_runs_as_a_process_and_exits_non_zero(tmp_path):
                 if "global" in p["tiers"]["free"]
                 else p["tiers"]["free"].update({"global": list(p["global"])})
             ),
-            "tiers.free.global[1]",
-            "repeats rule",
+            "tiers.free.global[0]",
+            "repeats global rule 0",
         ),
         (lambda p: p.update(tennants={}), "tennants", "unknown field"),
     ],

@@ -8,8 +8,9 @@ from django.db import OperationalError, transaction
 
 from policies import compile as compile_module
 from policies.compile import PolicyCache, PolicyUnavailable
-from policies.models import PolicyVersion, Rule, Tenant, Tier
+from policies.models import Level, PolicyVersion, Rule, Tenant, Tier
 from policies.signals import current_version
+from tests.postgres import Writer, held_open
 
 from .conftest import START
 
@@ -178,3 +179,24 @@ def test_refresh_checks_at_once(load, policy, worker, commits):
     cache.refresh()
     assert team_capacity(cache) == 3000
     assert isinstance(cache, PolicyCache)
+
+
+def create_level(name):
+    with transaction.atomic():
+        return Level.objects.create(name=name)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_first_two_changes_to_an_empty_store_at_once_each_move_the_version():
+    """Both find no version row and create it; the second waits for the first's, fails to
+    create its own, and must still count its change."""
+    with held_open(Level, "first") as (holding, waited):
+        first = Writer("first", lambda: create_level("a"))
+        first.start()
+        assert holding.wait(30)
+        second = Writer("second", lambda: create_level("b"))
+        second.start()
+        first.outcome(), second.outcome()
+    assert waited == [True], "the second change never waited for the first"
+    assert current_version() == 2

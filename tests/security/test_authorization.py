@@ -32,11 +32,14 @@ SAMPLE_URLS = {
     "/api/v1/buckets": "/api/v1/buckets?level=team&key=acme",
     "/api/v1/tiers/<str:name>": "/api/v1/tiers/pro",
     "/api/v1/tenants/<path:key>": "/api/v1/tenants/acme",
+    "/api/v1/tenants/<path:key>/usage": "/api/v1/tenants/acme/usage",
     "/api/v1/levels/<str:name>": "/api/v1/levels/user",
     "/api/v1/priorities/<str:name>": "/api/v1/priorities/batch",
     "/admin/dashboard/buckets/": "/admin/dashboard/buckets/?level=team&key=acme",
     "/admin/dashboard/dry-run/": "/admin/dashboard/dry-run/?level=team&key=acme&cost=1",
     "/admin/dashboard/reset/": "/admin/dashboard/reset/?level=team&key=acme",
+    "/admin/dashboard/search/": "/admin/dashboard/search/?q=ac",
+    "/admin/dashboard/tenants/<path:key>/": "/admin/dashboard/tenants/acme/",
     "/admin/autocomplete/": "/admin/autocomplete/?app_label=policies&model_name=tenant&field_name=tier&term=p",
     "/admin/r/<path:content_type_id>/<path:object_id>/": lambda: (
         f"/admin/r/{ContentType.objects.get_for_model(Tier).pk}/{Tier.objects.get(name='pro').pk}/"
@@ -80,6 +83,14 @@ BODIES = {
     ("PATCH", "/api/v1/settings"): {"default_tier": "pro"},
     # The admin's forms: a real reset; the others post nothing and show their form again.
     ("POST", "/admin/dashboard/reset/"): {"level": "team", "key": "acme"},
+    ("POST", "/admin/dashboard/raise-limit/"): {
+        "key": "acme",
+        "level": "team",
+        "rule": "token_bucket(1000, 100/s)",
+        "factor": 2,
+        "hours": 1,
+        "version": 1,
+    },
 }
 # Where the table says `yes`, the API serves these requests with a 2xx, but for samples that
 # name a reservation that does not exist, or a row still in use.

@@ -10,7 +10,7 @@ from django.contrib.admin.models import LogEntry
 from django.test import Client
 from rest_framework.test import APIClient
 
-from policies.models import Tier
+from policies.models import Tenant, Tier
 from tests.policies.test_admin import tier_form
 
 from .conftest import OPERATOR_PASSWORD, make_token
@@ -149,6 +149,22 @@ def test_the_dashboards_reset_with_the_token_of_its_page_goes_through(console):
     )
     assert response.status_code == 302
     assert LogEntry.objects.count() == 1
+
+
+RAISE = {"key": "acme", "level": "team", "rule": "token_bucket(1000, 100/s)", "factor": 2, "hours": 1, "version": 1}
+
+
+def test_a_quick_raise_without_the_csrf_token_is_a_403_and_raises_nothing(console):
+    response = console.post("/admin/dashboard/raise-limit/", RAISE)
+    assert response.status_code == 403
+    assert Tenant.objects.get(key="acme").overrides_until is None
+
+
+def test_a_quick_raise_with_the_token_of_the_tenant_page_goes_through(console):
+    page = console.get("/admin/dashboard/tenants/acme/").content.decode()
+    response = console.post("/admin/dashboard/raise-limit/", {**RAISE, "csrfmiddlewaretoken": form_token(page)})
+    assert response.status_code == 302
+    assert Tenant.objects.get(key="acme").overrides_until is not None
 
 
 def test_a_revoke_of_tokens_without_the_csrf_token_is_a_403(console):

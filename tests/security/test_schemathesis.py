@@ -11,8 +11,9 @@ level that one operation renamed would otherwise be a stale name in the next one
 
 import pytest
 import schemathesis
+from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
-from django.db import transaction
+from django.db import close_old_connections, transaction
 from hypothesis import HealthCheck, settings
 
 from .conftest import make_token
@@ -40,9 +41,16 @@ def token(loaded, scope):
 
 @pytest.fixture
 def live_schema(token):
-    return schemathesis.openapi.from_wsgi(
+    # As Django's test client does: a request does not close the test's connection, which is
+    # inside the test's transaction (on PostgreSQL that would end it; SQLite's in-memory
+    # database ignores a close).
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    yield schemathesis.openapi.from_wsgi(
         "/api/schema/", get_wsgi_application(), headers={"Authorization": f"Bearer {token}"}
     )
+    request_started.connect(close_old_connections)
+    request_finished.connect(close_old_connections)
 
 
 @pytest.fixture

@@ -1,0 +1,311 @@
+"""Decision statistics per tenant: attribution of every decision to its tenant and user, each
+tenant's series per minute and per hour, shadow rules counted, users found by prefix, and
+reservations left open counted once as expired.
+
+Every test that takes `new_stats` runs in process and on a real redis-server.
+"""
+
+import pytest
+
+from core.decision import RATE_LIMITED, Decision, allowed
+from core.errors import InvalidRequest
+from core.stats import EXPIRY_GRACE, SWEEP_EVERY
+
+from .test_stats import (  # noqa: F401  (fixtures)
+    DAY,
+    HOUR,
+    MINUTE,
+    START,
+    TEAM_RULE,
+    USER_RULE,
+    clock,
+    keys,
+    kind,
+    members,
+    minute_of,
+    new_stats,
+    redis_stats,
+    server,
+)
+
+GLOBAL_RULE = "global: token_bucket(100000, 10000/s)"
+SHADOW_RULE = "user: sliding_window(5, 60) [shadow]"
+
+
+def denial(blocked_by=USER_RULE, shadows=()):
+    return Decision(False, 1.0, blocked_by, RATE_LIMITED, 0.0, shadow_blocked=tuple(shadows))
+
+
+def allow(shadows=()):
+    return allowed(5.0)._replace(shadow_blocked=tuple(shadows))
+
+
+# --- attribution ------------------------------------------------------------------------------
+
+
+def test_a_tenants_users_denials_make_it_a_top_tenant(new_stats):
+    stats = new_stats()
+    for user in ("alice", "bob", "carol"):
+        for _ in range(3):
+            stats.record(keys(user=user, team="acme"), denial(USER_RULE))
+    stats.record(keys(user="dave", team="acme"), denial(GLOBAL_RULE))
+    stats.record(keys(user="erin", team="initech"), denial(TEAM_RULE))
+    report = stats.report(300)
+    # Denials at the user and global levels count for the tenant, not only the team level's.
+    assert report["top_tenants"] == [{"tenant": "acme", "denied": 10}, {"tenant": "initech", "denied": 1}]
+    assert report["top_keys"]["team"] == [{"key": "initech", "denied": 1}]
+
+
+def test_one_user_id_in_two_teams_is_two_users(new_stats):
+    stats = new_stats()
+    for _ in range(4):
+        stats.record(keys(user="shared", team="acme"), denial())
+    for _ in range(2):
+        stats.record(keys(user="shared", team="initech"), denial())
+    assert stats.report(300)["top_keys"]["user"] == [
+        {"key": "shared", "team": "acme", "denied": 4},
+        {"key": "shared", "team": "initech", "denied": 2},
+    ]
+
+
+def test_a_user_denied_without_a_team_key_has_no_team(new_stats):
+    stats = new_stats()
+    stats.record({"user": "loner"}, denial())
+    report = stats.report(300)
+    assert report["top_keys"]["user"] == [{"key": "loner", "team": None, "denied": 1}]
+    assert report["top_tenants"] == []
+
+
+# --- a tenant's series ------------------------------------------------------------------------
+
+
+def test_a_tenants_minutes_count_decisions_allowed_denied_shadow_denied_and_cost(new_stats, clock):
+    stats = new_stats()
+    stats.record(keys(team="acme"), allow(), cost=2.5)
+    stats.record(keys(team="acme"), allow([SHADOW_RULE]), cost=4)
+    stats.record(keys(team="acme"), denial(USER_RULE), cost=100)  # a denial takes nothing
+    stats.record(keys(team="other"), allow(), cost=7)
+    clock.advance(2 * MINUTE)
+    stats.record(keys(team="acme"), allow(), cost=1)
+    usage = stats.usage("acme", 5 * MINUTE, step=MINUTE)
+    now_minute = minute_of(clock())
+    assert [point["start"] for point in usage["series"]] == list(range(now_minute - 5 * MINUTE, now_minute + 1, MINUTE))
+    by_start = {point["start"]: point for point in usage["series"]}
+    assert by_start[minute_of(START)] == {
+        "start": minute_of(START),
+        "decisions": 3,
+        "allowed": 2,
+        "denied": 1,
+        "shadow_denied": 1,
+        "cost": 6.5,
+    }
+    assert by_start[minute_of(START) + MINUTE]["decisions"] == 0
+    assert by_start[now_minute]["cost"] == 1
+    assert usage["blocked_by"] == {USER_RULE: 1}
+    assert usage["shadow_blocked_by"] == {SHADOW_RULE: 1}
+    assert usage["has_traffic"] and usage["tenant"] == "acme"
+
+
+def test_a_tenants_hours_reach_back_as_far_as_configured(new_stats, clock):
+    stats = new_stats(usage_minutes=HOUR, usage_hours=3 * DAY)
+    for _ in range(3):
+        stats.record(keys(team="acme"), allow(), cost=10)
+        stats.record(keys(team="acme"), denial(TEAM_RULE))
+        clock.advance(DAY)
+    usage = stats.usage("acme", 3 * DAY, step=HOUR)
+    assert len(usage["series"]) == 3 * 24 + 1
+    busy = [point for point in usage["series"] if point["decisions"]]
+    assert [(p["start"], p["allowed"], p["denied"], p["cost"]) for p in busy] == [
+        (int(START // HOUR) * HOUR + day * DAY, 1, 1, 10) for day in range(3)
+    ]
+    assert usage["blocked_by"] == {TEAM_RULE: 3}
+    # The minutes are kept for an hour here: a longer window at that step is refused.
+    with pytest.raises(InvalidRequest) as refused:
+        stats.usage("acme", 2 * HOUR, step=MINUTE)
+    assert refused.value.field == "window"
+
+
+@pytest.mark.parametrize("step", [0, 30, 120, 900, "60", True, 60.5])
+def test_a_usage_step_other_than_a_minute_or_an_hour_is_refused(new_stats, step):
+    with pytest.raises(InvalidRequest) as refused:
+        new_stats().usage("acme", HOUR, step=step)
+    assert refused.value.field == "step"
+
+
+def test_every_tenant_with_traffic_has_its_own_exact_series(new_stats):
+    stats = new_stats(top_k=5)
+    for i in range(300):
+        for _ in range(i % 4 + 1):
+            stats.record(keys(team=f"t{i:03}"), allow(), cost=1)
+    for i in (0, 150, 299):
+        series = stats.usage(f"t{i:03}", MINUTE)["series"]
+        assert sum(point["decisions"] for point in series) == i % 4 + 1
+
+
+def test_a_tenant_never_seen_has_no_traffic(new_stats):
+    stats = new_stats()
+    stats.record(keys(team="acme"), allow())
+    usage = stats.usage("nobody", HOUR)
+    assert not usage["has_traffic"] and usage["tier"] is None
+    assert usage["blocked_by"] == usage["shadow_blocked_by"] == {} and usage["top_users"] == []
+
+
+def test_the_tier_is_the_one_the_tenant_resolved_to_when_its_counts_were_sent(new_stats, clock):
+    tiers = {"acme": "pro"}
+    stats = new_stats(tier_of=tiers.get)
+    stats.record(keys(team="acme"), allow())
+    stats.record(keys(team="stranger"), allow())
+    assert stats.usage("acme", HOUR)["tier"] == "pro"
+    assert stats.usage("stranger", HOUR)["tier"] is None
+    tiers["acme"] = "enterprise"
+    clock.advance(HOUR)
+    stats.record(keys(team="acme"), allow())
+    assert stats.usage("acme", 2 * HOUR)["tier"] == "enterprise"
+
+
+def test_a_tenants_most_throttled_users_come_first_with_their_decisions(new_stats):
+    stats = new_stats()
+    for user, allowed_n, denied_n in (("alice", 5, 3), ("bob", 1, 6), ("carol", 9, 0)):
+        for _ in range(allowed_n):
+            stats.record(keys(user=user, team="acme"), allow())
+        for _ in range(denied_n):
+            stats.record(keys(user=user, team="acme"), denial())
+    stats.record(keys(user="alice", team="initech"), denial())  # another team's alice
+    assert stats.usage("acme", HOUR)["top_users"] == [
+        {"user": "bob", "decisions": 7, "denied": 6},
+        {"user": "alice", "decisions": 8, "denied": 3},
+        {"user": "carol", "decisions": 9, "denied": 0},
+    ]
+    assert stats.usage("acme", HOUR, top=1)["top_users"] == [{"user": "bob", "decisions": 7, "denied": 6}]
+
+
+def test_a_breakdown_covers_the_whole_hours_the_window_touches(new_stats, clock):
+    stats = new_stats()
+    hour = int(START // HOUR) * HOUR
+    clock.advance(hour + 5 * MINUTE - clock())
+    stats.record(keys(team="acme"), denial(USER_RULE))
+    clock.advance(HOUR)  # 65 minutes after the hour began
+    stats.record(keys(team="acme"), denial(TEAM_RULE))
+    usage = stats.usage("acme", 4 * MINUTE)
+    assert usage["breakdown_since"] == hour + HOUR
+    assert usage["blocked_by"] == {TEAM_RULE: 1}
+    assert sum(point["denied"] for point in usage["series"]) == 1
+
+
+def test_a_tenants_minutes_and_hours_stay_in_redis_compact_encoding_for_a_whole_day(redis_url, server, clock):
+    stats = redis_stats(redis_url, clock, tier_of=lambda tenant: "pro")
+    for _ in range(24 * 60):
+        stats.record(keys(team="acme"), allow([SHADOW_RULE]), cost=1.5)
+        stats.record(keys(team="acme"), denial(USER_RULE))
+        stats.flush()
+        clock.advance(MINUTE)
+    series_keys = server.keys("la:{stats}:u[mh]:*")
+    assert len(server.keys("la:{stats}:um:*")) in (96, 97) and len(server.keys("la:{stats}:uh:*")) <= 2
+    assert {server.object("encoding", name) for name in series_keys} == {"listpack"}
+    usage = stats.usage("acme", DAY)
+    assert sum(point["decisions"] for point in usage["series"]) == 2 * 24 * 60
+
+
+# --- shadow rules -----------------------------------------------------------------------------
+
+
+def test_shadow_rules_would_be_denials_are_counted_by_rule(new_stats):
+    stats = new_stats()
+    stats.record(keys(), allow([SHADOW_RULE]))
+    stats.record(keys(), allow([SHADOW_RULE, "team: gcra(1, 1) [shadow]"]))
+    stats.record(keys(), denial(TEAM_RULE, [SHADOW_RULE]))
+    stats.record(keys(), allow())
+    report = stats.report(300)
+    assert report["shadow_denied"] == 3
+    assert report["shadow_blocked_by"] == [
+        {"blocked_by": SHADOW_RULE, "level": "user", "denied": 3},
+        {"blocked_by": "team: gcra(1, 1) [shadow]", "level": "team", "denied": 1},
+    ]
+    assert report["denied"] == 1
+    assert sum(point["shadow_denied"] for point in report["series"]) == 3
+
+
+# --- users seen, for search -------------------------------------------------------------------
+
+
+def test_recently_seen_users_are_found_by_prefix_most_recent_first(new_stats, clock):
+    stats = new_stats()
+    stats.record(keys(user="alice", team="acme"), allow())
+    stats.flush()
+    clock.advance(10)
+    stats.record(keys(user="alina", team="initech"), denial())
+    stats.record(keys(user="bob", team="acme"), allow())
+    assert stats.seen_users("ali") == [{"user": "alina", "team": "initech"}, {"user": "alice", "team": "acme"}]
+    assert stats.seen_users("ali", limit=1) == [{"user": "alina", "team": "initech"}]
+    assert stats.seen_users("carl") == []
+
+
+def test_a_search_prefix_is_matched_literally(new_stats):
+    stats = new_stats()
+    for user in ("a*b", "a[1]", 'a"q', "a\\z", "axe"):
+        stats.record(keys(user=user, team="acme"), allow())
+    assert [row["user"] for row in stats.seen_users("a*")] == ["a*b"]
+    assert [row["user"] for row in stats.seen_users("a[")] == ["a[1]"]
+    assert [row["user"] for row in stats.seen_users('a"')] == ['a"q']
+    assert [row["user"] for row in stats.seen_users("a\\")] == ["a\\z"]
+    assert len(stats.seen_users("a")) == 5
+
+
+def test_users_not_seen_for_longer_than_the_minutes_are_kept_are_forgotten(new_stats, clock):
+    stats = new_stats(usage_minutes=HOUR)
+    stats.record(keys(user="old"), allow())
+    stats.flush()
+    clock.advance(HOUR + MINUTE)
+    stats.record(keys(user="new"), allow())
+    assert [row["user"] for row in stats.seen_users("")] == ["new"]
+
+
+# --- reservations left open -------------------------------------------------------------------
+
+
+def test_a_reservation_left_open_past_its_expiry_counts_once_as_expired(new_stats, clock):
+    counted = []
+    stats = new_stats(on_expired=counted.append)
+    stats.reservation_opened("settled", hold=30)
+    stats.reservation_opened("forgotten", hold=30)
+    stats.flush()
+    stats.reservation_settled("settled")
+    clock.advance(30 + EXPIRY_GRACE - 1)
+    stats.flush()
+    assert stats.expired_reservations == 0  # not yet past the grace
+    clock.advance(SWEEP_EVERY + 1)
+    stats.flush()
+    clock.advance(SWEEP_EVERY + 1)
+    stats.flush()
+    assert (stats.expired_reservations, counted) == (1, [1])
+
+
+def test_a_reservation_settled_in_the_same_flush_never_reaches_the_store(new_stats, clock):
+    stats = new_stats()
+    stats.reservation_opened("quick", hold=30)
+    stats.reservation_settled("quick")
+    clock.advance(60)
+    stats.flush()
+    assert members(stats, "la:{stats}:res") == [] and stats.expired_reservations == 0
+
+
+def test_two_workers_sweeping_count_an_expired_reservation_once(redis_url, clock):
+    worker_a, worker_b = redis_stats(redis_url, clock), redis_stats(redis_url, clock)
+    worker_a.reservation_opened("r1", hold=10)
+    worker_a.reservation_opened("r2", hold=10)
+    worker_a.flush()
+    clock.advance(10 + EXPIRY_GRACE + 1)
+    worker_b.flush()
+    worker_a.flush()
+    assert worker_a.expired_reservations + worker_b.expired_reservations == 2
+
+
+def test_workers_that_name_a_new_rule_at_once_agree_on_its_short_id(redis_url, clock):
+    worker_a, worker_b = redis_stats(redis_url, clock), redis_stats(redis_url, clock)
+    for worker in (worker_a, worker_b):
+        worker.record(keys(team="acme"), denial("team: gcra(5, 1)"))
+    worker_a.flush()
+    # worker_b had not seen the name: the id worker_a gave it stands, whoever asks second.
+    assert worker_b._new_rule_id("team: gcra(5, 1)") == worker_a._rule_ids({"team: gcra(5, 1)"})["team: gcra(5, 1)"]
+    worker_b.flush()
+    assert worker_b.usage("acme", HOUR)["blocked_by"] == {"team: gcra(5, 1)": 2}
