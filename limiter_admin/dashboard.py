@@ -19,6 +19,7 @@ import json
 import math
 import time
 from datetime import datetime
+from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
@@ -214,7 +215,7 @@ class DashboardViews:
         refused = _allow(request, "GET", "HEAD")
         if refused:
             return refused
-        context = {"search": search_context(request.GET.get("q", ""))}
+        context: dict[str, Any] = {"search": search_context(request.GET.get("q", ""))}
         if request.headers.get("HX-Request"):
             return TemplateResponse(request, PARTIALS + "_search.html", context)
         context.update(self.site.each_context(request), title="Find a tenant or user")
