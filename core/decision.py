@@ -56,10 +56,33 @@ class Decision(NamedTuple):
         return f"<Decision denied {self.reason} by {self.blocked_by!r} retry_after={self.retry_after!r}>"
 
 
-# Builds a Decision from a full tuple without a Python-level __new__: the hot path's way.
+class Finding(NamedTuple):
+    """What a store found for one decision, by check index, before the limiter names it.
+
+    blocker: the index of the check that denied, or -1. wait: its wait. remaining: the room
+    of the tightest enforced rule (of the blocker, on a denial). shadows: the indices of the
+    shadow checks that would have denied. A store answers a plain allowed decision with the
+    finished Decision instead (`allowed(remaining)`), which saves the limiter a step.
+    """
+
+    blocker: int
+    wait: float
+    remaining: float
+    shadows: tuple[int, ...]
+
+
+NO_SHADOWS: tuple[int, ...] = ()
+
+# Builds a Decision (or a Finding) from a full tuple without a Python-level __new__: the hot
+# path's way.
 _make = tuple.__new__
 
 
 def allowed(remaining: float) -> Decision:
     """The plain allowed decision, built the fast way (the hot path's)."""
     return _make(Decision, (True, 0.0, None, OK, remaining, False, None, NO_NAMES))
+
+
+def found(blocker: int, wait: float, remaining: float, shadows: tuple[int, ...] = NO_SHADOWS) -> Finding:
+    """A Finding, built the fast way."""
+    return _make(Finding, (blocker, wait, remaining, shadows))

@@ -23,19 +23,21 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from .. import twophase
 from ..decision import NO_NAMES, OK, Decision, allowed
 from ..errors import ReservationNotFound, ReservationSettled
 from ..reservations import CANCELLED, COMMITTED, OPEN
-from ..rules import DEFER, Rule
-from .base import Check, Finding, Outcome, Store
+from ..rules import Rule
+from ..twophase import Slot
+from .base import Check, Outcome, Store
 
 INFINITY = float("inf")
-NO_SHADOWS: tuple[int, ...] = ()
 SWEEP_MIN_DECISIONS = 256
 
 
 class MemoryPlan:
-    """One key set, resolved: per check its rule, table and state name, plus the locks.
+    """One key set, resolved: a slot per check (its rule, shard table and state name), plus the
+    locks of the shards it touches.
 
     `lean` is the decision compiled for this plan (see `compile_lean`), when it has no
     shadow rule and no rule that changes its state in place; `slots` serves every path.
@@ -43,15 +45,15 @@ class MemoryPlan:
 
     __slots__ = ("slots", "lean", "locks", "leased")
 
-    def __init__(self, slots: list, locks: list, store: MemoryStore) -> None:
+    def __init__(self, slots: list[Slot], locks: list[threading.Lock], store: MemoryStore) -> None:
         self.slots = slots
         self.locks = locks
-        self.leased = [s for s in slots if s[0].leased]
-        simple = all(type(s[0]).attempt is not Rule.attempt and not s[4] for s in slots)
+        self.leased = [s for s in slots if s.rule.leased]
+        simple = all(type(s.rule).attempt is not Rule.attempt and not s.shadow for s in slots)
         self.lean = compile_lean(slots, locks, store) if simple else None
 
 
-def compile_lean(slots: list, locks: list, store: MemoryStore) -> Callable[..., tuple]:
+def compile_lean(slots: list[Slot], locks: list[threading.Lock], store: MemoryStore) -> Callable[..., Any]:
     """The decision for these slots as straight-line code: take the locks, ask each rule in
     turn, stop at the first that does not fit, write the new states only once all fit.
 
@@ -59,12 +61,13 @@ def compile_lean(slots: list, locks: list, store: MemoryStore) -> Callable[..., 
     third less than loops over the locks and slots: no loop, no list of results, every
     name a closure variable. The code is generated once per shape of plan (how many locks
     and slots, which slots count requests); its source holds only numbers, never a value.
+    A denial goes on in `twophase.deny`, which the compiled code calls.
     """
     if not slots:
         return lambda cost, now, lease=None: allowed(INFINITY)
-    shape = (len(locks), tuple(per_request for *_, per_request in slots))
+    shape = (len(locks), tuple(slot.per_request for slot in slots))
     make = _LEAN_MAKERS.get(shape) or _LEAN_MAKERS.setdefault(shape, _lean_maker(*shape))
-    values = [deny_after(slots), store._counted, store._sweep_due, store._sweep_next]
+    values: list[Any] = [partial(twophase.deny, slots), store._counted, store._sweep_due, store._sweep_next]
     values += [lock.acquire for lock in locks] + [lock.release for lock in locks]
     for rule, table, name, floor, _, _ in slots:
         values += [rule.attempt, table.get, table, name, floor]
@@ -110,10 +113,6 @@ def _lean_maker(locks: int, counts_requests: tuple) -> Callable:
     return namespace["make"]
 
 
-def deny_after(slots: list) -> Callable[[int, float, float, float], Finding]:
-    return partial(MemoryStore._deny, slots)
-
-
 class MemoryStore(Store):
     """Rule state in this process: exact under threads, bounded in memory."""
 
@@ -141,14 +140,14 @@ class MemoryStore(Store):
             name = f"{level}\x1f{key}\x1f{rule.rule_id}"
             shard = hash(name) % len(self._tables)
             shards.add(shard)
-            slots.append((rule, self._tables[shard], name, floor, rule.shadow, rule.counts_requests))
+            slots.append(Slot(rule, self._tables[shard], name, floor, rule.shadow, rule.counts_requests))
         return MemoryPlan(slots, [self._locks[i] for i in sorted(shards)], self)
 
     def decide(self, plan: MemoryPlan, cost: float, now: float, lease: str | None) -> Outcome:
         if plan.lean is not None:
             return plan.lean(cost, now)  # takes the locks and counts the decision itself
         with _Locked(plan.locks):
-            outcome = self._decide(plan.slots, cost, now, lease)
+            outcome = twophase.decide(plan.slots, cost, now, lease)
         self._count_decision(now)
         return outcome
 
@@ -160,99 +159,39 @@ class MemoryStore(Store):
         if next(self._counted) >= self._sweep_due[0]:
             self._sweep_next(now)
 
-    @staticmethod
-    def _deny(slots: list, blocker: int, worst: float, cost: float, now: float) -> Finding:
-        """A lean decision stopped at `blocker`: only the rules after it can wait longer."""
-        for i in range(blocker + 1, len(slots)):
-            rule, table, name, floor, _, per_request = slots[i]
-            wait = rule.wait(table.get(name), now, 1.0 if per_request else cost, floor)
-            if wait > worst:
-                blocker, worst = i, wait
-        rule, table, name = slots[blocker][:3]
-        return blocker, worst, rule.remaining(table.get(name), now), NO_SHADOWS
-
-    @staticmethod
-    def _decide(slots: list, cost: float, now: float, lease: str | None) -> tuple:
-        """Every path: shadow rules, rules that take in place, and denials."""
-        worst, blocker, shadows, found = 0.0, -1, NO_SHADOWS, []
-        for i, (rule, table, name, floor, shadow, per_request) in enumerate(slots):
-            result = rule.attempt(table.get(name), now, 1.0 if per_request else cost, floor)
-            if result.__class__ is float:  # a wait: this rule does not fit
-                if shadow:
-                    shadows += (i,)
-                elif result > worst:
-                    worst, blocker = result, i
-            found.append(result)
-        if blocker >= 0:
-            rule, table, name = slots[blocker][:3]
-            return blocker, worst, rule.remaining(table.get(name), now), shadows
-        remaining = INFINITY
-        for (rule, table, name, _, shadow, per_request), state in zip(slots, found):
-            if state.__class__ is float:
-                continue  # a shadow rule that would deny takes nothing, as if it were enforced
-            if state is DEFER:
-                state = rule.take(table.get(name), now, 1.0 if per_request else cost, lease)
-            table[name] = state
-            if state[1] < remaining and not shadow:
-                remaining = state[1]
-        return -1, 0.0, remaining, shadows
-
     def explain(self, plan: MemoryPlan, cost: float, now: float) -> list[tuple[float, float]]:
         with _Locked(plan.locks):
-            out = []
-            for rule, table, name, floor, _, per_request in plan.slots:
-                state = table.get(name)
-                wait = rule.wait(state, now, 1.0 if per_request else cost, floor)
-                out.append((wait, rule.remaining(state, now)))
-            return out
+            return twophase.explain(plan.slots, cost, now)
 
     def inspect(self, plan: MemoryPlan, now: float) -> list[dict]:
         with _Locked(plan.locks):
-            return [rule.inspect(table.get(name), now) for rule, table, name, *_ in plan.slots]
+            return twophase.inspect(plan.slots, now)
 
     def release(self, plan: MemoryPlan, now: float, lease: str) -> int:
         with _Locked(plan.locks):
-            return self._release(plan, now, lease)
-
-    @staticmethod
-    def _release(plan: MemoryPlan, now: float, lease: str) -> int:
-        released = 0
-        for rule, table, name, *_ in plan.leased:
-            state = rule.release(table.get(name), now, lease)
-            if state is not None:
-                table[name] = state
-                released += 1
-        return released
+            return twophase.release(plan.leased, now, lease)
 
     def reset(self, plan: MemoryPlan) -> None:
         with _Locked(plan.locks):
-            for _, table, name, *_ in plan.slots:
-                table.pop(name, None)
+            for slot in plan.slots:
+                slot.table.pop(slot.name, None)
 
     # --- reservations: records in a dict, dropped once they expire ----------------------
 
     def reserve(self, plan: MemoryPlan, cost: float, now: float, lease: str | None, record: dict) -> Outcome:
         with _Locked(plan.locks):
-            outcome = self._decide(plan.slots, cost, now, lease)
-            if outcome[0] < 0 and lease:  # the slots last as long as the reservation
-                self._shorten_leases(plan.leased, lease, record["expires_at"])
+            outcome = twophase.reserve(plan.slots, cost, now, lease, record["expires_at"])
         self._count_decision(now)
         if outcome[0] >= 0:
             return outcome
         # No one knows the id before this returns: the record need not be written under the
         # same locks as the take.
-        untaken = frozenset(plan.slots[i][2] for i in outcome[3])  # shadow rules took nothing
+        untaken = frozenset(plan.slots[i].name for i in outcome[3])  # shadow rules took nothing
         with self._records_lock:
             self._forget_records(now)
             self._records[record["id"]] = {**record, "status": OPEN, "untaken": untaken}
             heapq.heappush(self._expiries, (record["expires_at"], record["id"]))
         return outcome
-
-    @staticmethod
-    def _shorten_leases(slots: list, lease: str, until: float) -> None:
-        for rule, table, name, *_ in slots:
-            if rule.leased and table.get(name) is not None:
-                table[name] = rule.shorten_lease(table[name], lease, until)
 
     def reservation(self, reservation_id: str, now: float | None = None) -> dict | None:
         with self._records_lock:
@@ -271,16 +210,8 @@ class MemoryStore(Store):
             record["status"] = CANCELLED if actual_cost is None else COMMITTED
             record["actual_cost"] = actual_cost
             delta = (actual_cost or 0) - record["cost"]
-            untaken, taken_at = record["untaken"], record["taken_at"]
-            for rule, table, name, _, _, per_request in plan.slots:
-                if delta and not per_request and name not in untaken:
-                    state = rule.adjust(table.get(name), now, delta, taken_at)
-                    if state is None:
-                        table.pop(name, None)
-                    else:
-                        table[name] = state
-            lease = record["lease"]
-            return delta, self._release(plan, now, lease) if lease else 0
+            released = twophase.settle(plan.slots, now, delta, record["taken_at"], record["untaken"], record["lease"])
+            return delta, released
 
     def _forget_records(self, now: float) -> None:
         """Drop the records (open or tombstones) whose hold has run out; under the lock."""

@@ -44,16 +44,17 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError, ResponseError, WatchError
 from redis.retry import Retry
 
+from .. import twophase
 from ..buckets import GCRA, TokenBucket
 from ..concurrency import Concurrency
 from ..decision import allowed
 from ..errors import ConfigError, ReservationNotFound, ReservationSettled, StoreUnavailable
 from ..reservations import CANCELLED, COMMITTED, OPEN
 from ..rules import Rule
+from ..twophase import Slot
 from ..windows import FixedWindow, SlidingWindowCounter, SlidingWindowLog
 from .base import Check, Outcome, Store
 from .connections import HeldConnections, bulk, held_connections
-from .memory import MemoryStore
 
 LUA_DIR = Path(__file__).parent / "lua"
 LUA_FILES = (
@@ -464,31 +465,21 @@ class RedisStore(Store):
         self, plan: RedisPlan, cost: float, now: float | None, lease: str | None, lease_until: float | None = None
     ) -> Outcome:
         """A plan with a plug-in rule that has no Lua twin: WATCH its keys, read every state,
-        decide in Python (the in-process store's two phases), then write in MULTI/EXEC; if a
-        key changed meanwhile, EXEC fails and the whole decision is made again. Costs 3 + n
-        round trips, and retries under contention; a Lua decision costs one. `lease_until`:
-        when the lease, a reservation's, must run out."""
+        decide in Python (core.twophase, as the in-process store does), then write in
+        MULTI/EXEC; if a key changed meanwhile, EXEC fails and the whole decision is made
+        again. Costs 3 + n round trips, and retries under contention; a Lua decision costs
+        one. `lease_until`: when the lease, a reservation's, must run out."""
 
-        def decide(slots: list, at: float, _: Any) -> tuple[Outcome, list[bool], None]:
-            outcome = MemoryStore._decide(slots, cost, at, lease)
-            if outcome[0] >= 0:
-                return outcome, [False] * len(slots), None
-            if lease_until is not None and lease:  # a reservation's: its slots last as long as it does
-                MemoryStore._shorten_leases(slots, lease, lease_until)
-            shadows = {slots[i][2] for i in outcome[3]}  # shadow rules that would deny take nothing
-            return outcome, [name not in shadows for _, _, name, *_ in slots], None
+        def decide(slots: list[Slot], at: float, _: Any) -> tuple[Outcome, None]:
+            if lease_until is None:
+                return twophase.decide(slots, cost, at, lease), None
+            return twophase.reserve(slots, cost, at, lease, lease_until), None
 
         return self._optimistically(plan, now, decide)
 
     def _release_optimistically(self, plan: RedisPlan, now: float | None, lease: str) -> int:
-        def release(slots: list, at: float, _: Any) -> tuple[int, list[bool], None]:
-            changed = []
-            for rule, table, name, *_ in slots:
-                state = rule.release(table[name], at, lease) if rule.leased else None
-                if state is not None:
-                    table[name] = state
-                changed.append(state is not None)
-            return sum(changed), changed, None
+        def release(slots: list[Slot], at: float, _: Any) -> tuple[int, None]:
+            return twophase.release(slots, at, lease), None
 
         return self._optimistically(plan, now, release)
 
@@ -498,26 +489,18 @@ class RedisStore(Store):
         """settle.lua's steps in Python, for a plan with a plug-in rule: the record is
         watched with the rules' keys, and marked settled in the same MULTI/EXEC."""
 
-        def settle(slots: list, at: float, raw: dict) -> tuple[list, list[bool], dict | None]:
+        def settle(slots: list[Slot], at: float, raw: dict) -> tuple[list, dict | None]:
             record = decode_record(raw) if raw else None
             if record is None or at >= record["expires_at"]:
-                return [b"missing"], [False] * len(slots), None
+                return [b"missing"], None
             if record["status"] != OPEN:
-                return [b"settled", record["status"].encode()], [False] * len(slots), None
-            delta, lease = (actual_cost or 0) - record["cost"], record["lease"]
-            changed, released = [], 0
-            for rule, table, name, _, _, per_request in slots:
-                touched = False
-                if delta and not per_request and f"untaken:{name}".encode() not in raw:
-                    table[name], touched = rule.adjust(table[name], at, delta, record["taken_at"]), True
-                if lease and rule.leased:
-                    state = rule.release(table[name], at, lease)
-                    if state is not None:
-                        table[name], touched, released = state, True, released + 1
-                changed.append(touched)
+                return [b"settled", record["status"].encode()], None
+            delta = (actual_cost or 0) - record["cost"]
+            untaken = {name.decode().removeprefix("untaken:") for name in raw if name.startswith(b"untaken:")}
+            released = twophase.settle(slots, at, delta, record["taken_at"], untaken, record["lease"])
             status = CANCELLED if actual_cost is None else COMMITTED
             fields = {"status": status, "actual_cost": json.dumps(actual_cost)}
-            return [b"ok", released, repr(float(delta))], changed, fields
+            return [b"ok", released, repr(float(delta))], fields
 
         return self._optimistically(plan, now, settle, record_key)
 
@@ -544,19 +527,21 @@ class RedisStore(Store):
                     pipe.watch(*plan.keys, *([record_key] if record_key else []))
                     record = pipe.hgetall(record_key) if record_key else None
                     at, states = self._read(plan, now, pipe)
-                    table = dict(zip(plan.keys, states))
+                    table = twophase.WrittenTable(dict(zip(plan.keys, states)))
                     slots = [
-                        (c.rule, table, key, c.floor, c.rule.shadow, c.rule.counts_requests)
+                        Slot(c.rule, table, key, c.floor, c.rule.shadow, c.rule.counts_requests)
                         for c, key in zip(plan.checks, plan.keys)
                     ]
-                    result, changed, fields = work(slots, at, record)
+                    result, fields = work(slots, at, record)
                     pipe.multi()
-                    # Some rules change their state in place, so every state of a check
-                    # that took (or released) is written back; a denial writes nothing.
-                    for (check, key), took in zip(zip(plan.checks, plan.keys), changed):
-                        if took and table[key] is not None:
+                    # What the two phases wrote, and only that, goes back: a denial writes
+                    # nothing, so no state comes out of it expiring sooner than it went in.
+                    for check, key in zip(plan.checks, plan.keys):
+                        if key not in table.written:
+                            continue
+                        if table.get(key) is not None:
                             write(pipe, key, check.rule, table[key], at)
-                        elif took:
+                        else:
                             pipe.delete(key)  # as good as no state: a bucket refunded to full
                     if fields and record_key:
                         pipe.hset(record_key, mapping=fields)
