@@ -7,6 +7,7 @@ from typing import Any
 
 from .params import Param, _number
 from .rules import EPSILON, MAX_IDLE_SECONDS, Rule, register
+from .twins import LUA_DIR, RedisTwin
 
 # A bucket that would hold the cost within TIME_SLACK counts as holding it now. full_at keeps
 # whole microseconds, rounded to the nearest at every take, and times are doubles of epoch
@@ -21,6 +22,23 @@ TIME_SLACK = 3e-6
 
 def slack_of(rate: float) -> float:
     return EPSILON + rate * TIME_SLACK
+
+
+def _encode_bucket(rule: TokenBucket, state: Any) -> int | str:
+    # The microsecond at which it is full again, as an integer (Redis's smallest value); for a
+    # bucket that never refills, the tokens spent.
+    return round(state[0] * 1e6) if rule.rate else repr(float(state[2]))
+
+
+def _decode_bucket(rule: TokenBucket, raw: bytes) -> tuple:
+    value = float(raw)
+    return (value * 1e-6, 0.0) if rule.rate else (0.0, 0.0, value)
+
+
+# Both bucket-shaped rules run the same Lua (GCRA is a token bucket; see GCRA).
+BUCKET_TWIN = RedisTwin(
+    LUA_DIR / "token_bucket.lua", ("capacity", "rate"), _encode_bucket, _decode_bucket, leasable=True
+)
 
 
 @register("token_bucket")
@@ -41,6 +59,7 @@ class TokenBucket(Rule):
     )
 
     scaled_params = ("capacity", "per_second")
+    redis_twin = BUCKET_TWIN
     per_second: float  # a parameter, set from `params`
     rate: float  # tokens per second, as a float
     slack: float
@@ -150,6 +169,7 @@ class GCRA(TokenBucket):
     )
 
     scaled_params = ("rate", "burst")
+    redis_twin = BUCKET_TWIN
     burst: float  # a parameter, set from `params`
 
     def setup(self) -> None:

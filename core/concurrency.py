@@ -8,6 +8,7 @@ from typing import Any
 
 from .params import Param, _number
 from .rules import Rule, register
+from .twins import LUA_DIR, RedisTwin
 
 
 @register("concurrency")
@@ -15,8 +16,17 @@ class Concurrency(Rule):
     """Each admitted request holds one slot, whatever its cost, until it is released or
     its lease runs out. The lease is what brings back the slot of a client that crashed.
 
-    State, changed in place: [idle_at, room, {lease id: expiry time} of the slots in flight].
+    State, changed in place: [idle_at, room, {lease id: expiry time} of the slots in flight];
+    on Redis a sorted set of lease ids scored by their expiry.
     """
+
+    redis_twin = RedisTwin(
+        LUA_DIR / "concurrency.lua",
+        ("capacity", "lease"),
+        encode=lambda rule, state: dict(state[2]),
+        decode=lambda rule, raw: [0.0, 0.0, {lease.decode(): expiry for lease, expiry in raw}],
+        redis_type="zset",
+    )
 
     leased = True
     counts_requests = True

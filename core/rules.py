@@ -18,17 +18,21 @@ The fields after those two are the rule's own. A key never seen, or forgotten, i
   (delta < 0) or was charged (delta > 0) the difference from its estimate; `taken_at` is
   when the estimate was taken. None means "as good as no state". The default changes
   nothing, so a plug-in that does not implement it keeps what a reservation took.
-A plug-in implements `wait` and `take` (or, if stateless, `wait_for_key`).
+A plug-in implements `wait` and `take` (or, if stateless, `wait_for_key`), and may declare
+its Redis twin (`redis_twin`, core/twins.py): one Lua file, beside its class.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .errors import ConfigError
 from .params import Param, _number, clean_params
+
+if TYPE_CHECKING:
+    from .twins import RedisTwin
 
 RULES: dict[str, type[Rule]] = {}
 
@@ -75,11 +79,21 @@ class Rule:
     # Leased rules hold something per request (a concurrency slot) until `release`.
     leased: ClassVar[bool] = False
 
+    # How the rule runs on Redis (core/twins.py); None: decided there optimistically.
+    redis_twin: ClassVar[RedisTwin | None] = None
+
     # The parameters that shrink with a level's fallback fraction when Redis is down.
     scaled_params: ClassVar[tuple[str, ...]] = ()
     # Rules that count requests take 1 per request whatever its cost (a requests-per-minute
     # rule beside a tokens-per-minute one); the others take the request's cost.
     counts_requests: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A twin belongs to the class that declares it: a subclass may behave differently,
+        # and would run its parent's Lua.
+        if "redis_twin" not in cls.__dict__:
+            cls.redis_twin = None
 
     def __init__(self, label: str | None = None, shadow: bool = False, counts: str = "cost", **params: Any) -> None:
         values = clean_params(self.params, params, "")

@@ -9,6 +9,7 @@ from typing import Any
 
 from .params import Param, _number
 from .rules import EPSILON, Rule, register
+from .twins import LUA_DIR, RedisTwin
 
 WINDOW_PARAMS = (
     Param("limit", help="Most cost admitted per window.", minimum=0, exclusive_minimum=True),
@@ -41,8 +42,15 @@ class FixedWindow(WindowRule):
     """Counts cost per aligned window. Cheapest of all, with the known 2x burst where two
     windows meet: `limit` at the end of one window and `limit` again at the start of the next.
 
-    State: (idle_at, room, window index, used).
+    State: (idle_at, room, window index, used); on Redis the string "index used".
     """
+
+    redis_twin = RedisTwin(
+        LUA_DIR / "fixed_window.lua",
+        ("capacity", "window"),
+        encode=lambda rule, state: f"{state[2]!r} {state[3]!r}",
+        decode=lambda rule, raw: (0.0, 0.0, *map(float, raw.split())),
+    )
 
     def _used(self, state: Any, now: float) -> tuple[int, float]:
         index = int(now / self.window)  # as Lua's math.floor(now / window)
@@ -95,8 +103,17 @@ class SlidingWindowLog(WindowRule):
     """Exact: keeps every (time, cost) in the window. Memory grows with the entries in the
     window, so it suits low limits or coarse costs; the counter below is O(1).
 
-    State, changed in place: [idle_at, room, entries (oldest first)].
+    State, changed in place: [idle_at, room, entries (oldest first)]; on Redis a list of
+    "time cost" entries.
     """
+
+    redis_twin = RedisTwin(
+        LUA_DIR / "sliding_window.lua",
+        ("capacity", "window"),
+        encode=lambda rule, state: [f"{stamp!r} {spent!r}" for stamp, spent in state[2]],
+        decode=lambda rule, raw: [0.0, 0.0, deque(tuple(map(float, entry.split())) for entry in raw)],
+        redis_type="list",
+    )
 
     def _prune(self, log: list | None, now: float) -> list | None:
         # Dropping entries that left the window changes no decision, so it may happen
@@ -186,7 +203,15 @@ class SlidingWindowCounter(WindowRule):
     It assumes the previous window's cost was spread evenly, so it can over-admit when that
     cost came in a burst at the end of the window, by at most the part of the previous
     window's cost that the weight discounts. We accept it for the constant memory.
+    On Redis the string "index previous current".
     """
+
+    redis_twin = RedisTwin(
+        LUA_DIR / "sliding_window_counter.lua",
+        ("capacity", "window"),
+        encode=lambda rule, state: f"{state[2]!r} {state[3]!r} {state[4]!r}",
+        decode=lambda rule, raw: (0.0, 0.0, *map(float, raw.split())),
+    )
 
     def _counts(self, state: Any, now: float) -> tuple[int, float, float]:
         index = int(now / self.window)  # as Lua's math.floor(now / window)

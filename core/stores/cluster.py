@@ -137,6 +137,7 @@ class ClusterStore(RedisStore):
         super().__init__(client=client, prefix=prefix, timeout=timeout, breaker=breaker, batch_client=batch_client)
         # Script calls go out as FCALL on connections held per node (_script), not through
         # the cluster client's command path.
+        self._scripts_only = False
         self._head = self._fcall_head
         self._refreshing, self._refreshed = threading.Lock(), 0.0
         self.shards, self.shard_by, self.split = shards, shard_by, frozenset(split)

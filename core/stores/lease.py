@@ -25,8 +25,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, final
 
-from ..buckets import GCRA, TokenBucket
-
 LEASE_SCRIPT = (Path(__file__).parent / "lua" / "lease.lua").read_text()
 DEFAULT_FRACTION = 0.02  # of the capacity per slice: 50 slices make the whole budget
 DEFAULT_INTERVAL = 1.0  # seconds a slice may be used before what is left goes back
@@ -34,8 +32,10 @@ EPSILON = 1e-9
 
 
 def leasable(check: Any) -> bool:
-    """Whether a check's rule can be decided against a leased slice."""
-    return type(check.rule) in (TokenBucket, GCRA) and not check.rule.shadow and not check.floor
+    """Whether a check's rule can be decided against a leased slice: its twin says it can
+    (a token bucket's), and it keeps no reserve and is not a shadow."""
+    twin = check.rule.redis_twin
+    return twin is not None and twin.leasable and not check.rule.shadow and not check.floor
 
 
 class Budget:

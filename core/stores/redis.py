@@ -33,9 +33,7 @@ import random
 import threading
 import time
 import zlib
-from collections import deque
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -45,46 +43,15 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError, WatchErro
 from redis.retry import Retry
 
 from .. import twophase
-from ..buckets import GCRA, TokenBucket
-from ..concurrency import Concurrency
 from ..decision import allowed
 from ..errors import ConfigError, ReservationNotFound, ReservationSettled, StoreUnavailable
 from ..reservations import CANCELLED, COMMITTED, OPEN
 from ..rules import Rule
 from ..twophase import Slot
-from ..windows import FixedWindow, SlidingWindowCounter, SlidingWindowLog
 from .base import Check, Outcome, Store
 from .connections import HeldConnections, bulk, held_connections
+from .library import LuaLibrary, current_library, lua_body, lua_source
 
-LUA_DIR = Path(__file__).parent / "lua"
-LUA_FILES = (
-    "prelude.lua",
-    "token_bucket.lua",
-    "fixed_window.lua",
-    "sliding_window.lua",
-    "sliding_window_counter.lua",
-    "concurrency.lua",
-    "decide.lua",
-)
-# The two numbers each built-in rule hands its Lua twin, by class: a plug-in subclass,
-# whose behaviour may differ, does not run on Lua.
-LUA_ARGS: dict[type, tuple[str, str]] = {
-    TokenBucket: ("capacity", "rate"),
-    GCRA: ("capacity", "rate"),
-    FixedWindow: ("capacity", "window"),
-    SlidingWindowCounter: ("capacity", "window"),
-    SlidingWindowLog: ("capacity", "window"),
-    Concurrency: ("capacity", "lease"),
-}
-# How each rule's state is read back for explain() and inspect().
-READ_COMMANDS = {
-    TokenBucket: "GET",
-    GCRA: "GET",
-    FixedWindow: "GET",
-    SlidingWindowCounter: "GET",
-    SlidingWindowLog: "LRANGE",
-    Concurrency: "ZRANGE",
-}
 NOSCRIPT_TRIES = 3
 # How rule state keys are named (see RedisStore.key_name).
 KEY_FORMATS = ("compact", "readable")
@@ -101,19 +68,8 @@ OPTIMISTIC_DEADLINE = 1.0
 NO_SHADOWS: tuple = ()
 
 
-def lua_body() -> str:
-    """The rules' Lua, then `decide`, the function that uses them."""
-    return "\n".join((LUA_DIR / name).read_text() for name in LUA_FILES)
-
-
-def lua_source() -> str:
-    """The Lua as one script, for EVALSHA: defines everything, then decides."""
-    return lua_body() + "\nreturn decide(KEYS, ARGV)\n"
-
-
-def lua_library(library: str, function: str) -> str:
-    """The Lua as a function library, for FUNCTION LOAD: `function` calls `decide`."""
-    return f"#!lua name={library}\n{lua_body()}\nredis.register_function('{function}', decide)\n"
+# What every FCALL starts with, whatever function it calls.
+FCALL = bulk(b"FCALL")
 
 
 class CircuitBreaker:
@@ -201,42 +157,56 @@ class RedisStore(Store):
         self.batch_client = batch_client if batch_client is not None else self.client
         self.prefix = prefix
         self.breaker = breaker or CircuitBreaker()
-        self.source = lua_source()
-        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
-        # The library's name and its function's carry the hash of the Lua they load.
-        digest = hashlib.sha1(lua_body().encode()).hexdigest()[:16]
-        self.library, self.function = f"limiter_admin_{digest}", f"limiter_admin_decide_{digest}"
-        self.library_source = lua_library(self.library, self.function)
-        self._fcall_head = bulk(b"FCALL") + bulk(self.function.encode())
-        self._evalsha_head = bulk(b"EVALSHA") + bulk(self.sha.encode())
-        # FCALL until the server says it has no such command (Redis 6): then EVALSHA.
-        self._head = self._fcall_head
         # A plain client's calls go out on held connections; another kind of client (a
         # cluster's) gets EVALSHA through its own methods, as it routes them.
         self._held: HeldConnections | None = None
         if isinstance(self.client, redis.Redis) and hasattr(self.client, "connection_pool"):
             self._held = held_connections(self.client.connection_pool)
-        else:
-            self._head = self._evalsha_head
+        # FCALL until the server says it has no such command (Redis 6): then EVALSHA.
+        self._scripts_only = self._held is None
+        self._use(current_library())
         self._lock = threading.Lock()
         self._turns = [threading.Lock() for _ in range(64)]
 
+    def _use(self, lua: LuaLibrary) -> None:
+        """Call `lua` from now on, by FCALL or, on a server without functions, EVALSHA."""
+        self.lua = lua
+        self._fcall_head = FCALL + bulk(lua.function.encode())
+        self._evalsha_head = bulk(b"EVALSHA") + bulk(lua.sha.encode())
+        self._head = self._evalsha_head if self._scripts_only else self._fcall_head
+
+    @property
+    def library(self) -> str:
+        """The name of the function library this store calls."""
+        return self.lua.name
+
+    @property
+    def function(self) -> str:
+        return self.lua.function
+
+    @property
+    def library_source(self) -> str:
+        return self.lua.source
+
     def prepare(self, checks: Sequence[Check]) -> RedisPlan:
-        keys, spec = [], []
-        for level, key, rule, floor in checks:
-            keys.append(self.key_name(level, key, rule))
-            if type(rule) in LUA_ARGS:
-                first, second = LUA_ARGS[type(rule)]
-                spec += [
-                    rule.type_name,
-                    repr(float(floor)),
-                    "1" if rule.counts_requests else "0",
-                    "1" if rule.shadow else "0",
-                    repr(float(getattr(rule, first))),
-                    repr(float(getattr(rule, second))),
-                ]
-        optimistic = any(type(check.rule) not in LUA_ARGS for check in checks)
-        return RedisPlan(keys, "".join(" " + part for part in spec), checks, optimistic)
+        return self.plan(checks, [self.key_name(level, key, rule) for level, key, rule, _ in checks])
+
+    def plan(self, checks: Sequence[Check], keys: Sequence[str]) -> RedisPlan:
+        """The plan of `checks` whose states live under `keys`: one call of the Lua when
+        every rule has a twin in the library, else the optimistic path."""
+        twins = [check.rule.redis_twin for check in checks]
+        names = {twin.name for twin in twins if twin is not None}
+        if not names <= self.lua.twins:
+            self._use(current_library())  # a rule with a twin registered since: its Lua too
+        if None in twins or not names <= self.lua.twins:
+            return RedisPlan(list(keys), "", checks, optimistic=True)
+        spec = "".join(
+            f" {twin.name} {float(floor)!r} {'1' if rule.counts_requests else '0'} {'1' if rule.shadow else '0'}"
+            f" {twin.arguments(rule)}"
+            for (_, _, rule, floor), twin in zip(checks, twins)
+            if twin is not None
+        )
+        return RedisPlan(list(keys), spec, checks, optimistic=False)
 
     def key_name(self, level: str, key: str, rule: Rule) -> str:
         """Compact (the default): `prefix{digest}`, 10 characters of a hash of the level, the
@@ -334,7 +304,8 @@ class RedisStore(Store):
         pending = list(range(len(calls)))
         for attempt in range(NOSCRIPT_TRIES + 1):
             head = self._head
-            command = ("FCALL", self.function) if head is self._fcall_head else ("EVALSHA", self.sha)
+            lua = self.lua
+            command = ("FCALL", lua.function) if head.startswith(FCALL) else ("EVALSHA", lua.sha)
             with client.pipeline(transaction=False) as pipe:
                 for i in pending:
                     keys, argument = calls[i]
@@ -448,18 +419,12 @@ class RedisStore(Store):
         reader = pipe if pipe is not None else self.client_for(*plan.keys[:1]).pipeline(transaction=True)
         results = [reader.time()]
         for key, check in zip(plan.keys, plan.checks):
-            command = READ_COMMANDS.get(type(check.rule), "GET")
-            if command == "GET":
-                results.append(reader.get(key))
-            elif command == "LRANGE":
-                results.append(reader.lrange(key, 0, -1))
-            else:
-                results.append(reader.zrange(key, 0, -1, withscores=True))
+            results.append(read_state(reader, key, check.rule))
         if pipe is None:
             results = self._call(reader.execute)
         (seconds, micros), *raw = results
         now = seconds + micros / 1_000_000 if now is None else now
-        return now, [decode(check.rule, value) for check, value in zip(plan.checks, raw)]
+        return now, [decode_state(check.rule, value) for check, value in zip(plan.checks, raw)]
 
     def _decide_optimistically(
         self, plan: RedisPlan, cost: float, now: float | None, lease: str | None, lease_until: float | None = None
@@ -540,7 +505,7 @@ class RedisStore(Store):
                         if key not in table.written:
                             continue
                         if table.get(key) is not None:
-                            write(pipe, key, check.rule, table[key], at)
+                            write_state(pipe, key, check.rule, table[key], at)
                         else:
                             pipe.delete(key)  # as good as no state: a bucket refunded to full
                     if fields and record_key:
@@ -586,21 +551,23 @@ class RedisStore(Store):
     def _did_not_run(self, head: bytes, error: ResponseError) -> bool:
         """Whether `error`, the answer to a call with `head`, says that nothing ran because
         what it calls is missing from the server."""
-        if head is self._fcall_head:
+        if head.startswith(FCALL):
             return str(error).startswith(("Function not found", "unknown command"))
         return isinstance(error, NoScriptError)
 
     def _put_right(self, head: bytes, error: ResponseError, client: redis.Redis | RedisCluster) -> None:
         """Load what was missing; on a server without functions, go over to EVALSHA."""
-        if head is not self._fcall_head:
-            self.sha = client.script_load(self.source)
+        lua = self.lua
+        if not head.startswith(FCALL):
+            client.script_load(lua.script)
         elif str(error).startswith("unknown command"):
-            client.script_load(self.source)
+            client.script_load(lua.script)
+            self._scripts_only = True
             self._head = self._evalsha_head
         else:
             # REPLACE: two processes loading the same library at once must both succeed;
             # the name holds the source's hash, so what it replaces is the same code.
-            client.execute_command("FUNCTION", "LOAD", "REPLACE", self.library_source)
+            client.execute_command("FUNCTION", "LOAD", "REPLACE", lua.source)
 
     def _evalsha(self, *keys_and_args: str, keys: int) -> Any:
         """One EVALSHA; a server that lost its script cache (restart, SCRIPT FLUSH) answers
@@ -608,10 +575,10 @@ class RedisStore(Store):
         count a decision twice."""
         for _ in range(NOSCRIPT_TRIES):
             try:
-                return self.client.evalsha(self.sha, keys, *keys_and_args)
+                return self.client.evalsha(self.lua.sha, keys, *keys_and_args)
             except NoScriptError:  # flushed again between our load and our call: load again
-                self.sha = self.client.script_load(self.source)
-        return self.client.evalsha(self.sha, keys, *keys_and_args)
+                self.client.script_load(self.lua.script)
+        return self.client.evalsha(self.lua.sha, keys, *keys_and_args)
 
     def _call(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
         if self.breaker.open_until:
@@ -660,51 +627,49 @@ def connect(url: str, timeout: float = DEFAULT_TIMEOUT, read_timeout: float | No
     )
 
 
-def write(pipe: Any, key: str, rule: Rule, state: Any, now: float) -> None:
-    """Queue the writes that store `state` in Redis, in the form its Lua twin (or, for a
-    plug-in, `decode`) reads, with a TTL until it goes idle plus a second."""
-    kind = type(rule)
+def redis_type(rule: Rule) -> str:
+    """How a rule's state is kept: as its twin says; a rule without one as a JSON string."""
+    twin = rule.redis_twin
+    return twin.redis_type if twin is not None else "string"
+
+
+def read_state(pipe: Any, key: str, rule: Rule) -> Any:
+    """Queue the read of a rule's state, by the Redis type it is kept as."""
+    kind = redis_type(rule)
+    if kind == "list":
+        return pipe.lrange(key, 0, -1)
+    if kind == "zset":
+        return pipe.zrange(key, 0, -1, withscores=True)
+    return pipe.get(key)
+
+
+def write_state(pipe: Any, key: str, rule: Rule, state: Any, now: float) -> None:
+    """Queue the writes that keep `state` in Redis as its twin encodes it (its Lua reads the
+    same), with a TTL until it goes idle plus a second; a rule without a twin as JSON."""
     ttl = max(1000, math.ceil((state[0] - now) * 1000) + 1000)
-    if isinstance(rule, TokenBucket) and kind in (TokenBucket, GCRA):
-        value = round(state[0] * 1e6) if rule.rate else repr(float(state[2]))
-        pipe.set(key, value, px=ttl)
-    elif kind is FixedWindow:
-        pipe.set(key, f"{state[2]!r} {state[3]!r}", px=ttl)
-    elif kind is SlidingWindowCounter:
-        pipe.set(key, f"{state[2]!r} {state[3]!r} {state[4]!r}", px=ttl)
-    elif kind is SlidingWindowLog:
-        pipe.delete(key)
-        if state[2]:
-            pipe.rpush(key, *(f"{stamp!r} {spent!r}" for stamp, spent in state[2]))
-            pipe.pexpire(key, ttl)
-    elif kind is Concurrency:
-        pipe.delete(key)
-        if state[2]:
-            pipe.zadd(key, state[2])
-            pipe.pexpire(key, ttl)
-    else:  # a plug-in: its state tuple as JSON, so its fields must be JSON values
+    twin = rule.redis_twin
+    if twin is None:  # its state tuple as JSON, so its fields must be JSON values
         pipe.set(key, json.dumps(list(state)), px=ttl)
+        return
+    value = twin.encode(rule, state)
+    if twin.redis_type == "string":
+        pipe.set(key, value, px=ttl)
+        return
+    pipe.delete(key)
+    if value:
+        if twin.redis_type == "list":
+            pipe.rpush(key, *value)
+        else:
+            pipe.zadd(key, value)
+        pipe.pexpire(key, ttl)
 
 
-def decode(rule: Rule, raw: Any) -> Any:
-    """A rule's state as read from Redis, in the shape its Python code expects."""
-    kind = type(rule)
+def decode_state(rule: Rule, raw: Any) -> Any:
+    """A rule's state as read from Redis, in the shape its Python code expects; None for none."""
     if raw is None or raw == [] or raw == b"":
         return None
-    if kind not in READ_COMMANDS:
-        return tuple(json.loads(raw))
-    if isinstance(rule, TokenBucket) and kind in (TokenBucket, GCRA):
-        value = float(raw)
-        return (value * 1e-6, 0.0) if rule.rate else (0.0, 0.0, value)
-    if kind is FixedWindow:
-        index, used = raw.split()
-        return (0.0, 0.0, float(index), float(used))
-    if kind is SlidingWindowCounter:
-        index, previous, current = raw.split()
-        return (0.0, 0.0, float(index), float(previous), float(current))
-    if kind is SlidingWindowLog:
-        return [0.0, 0.0, deque(tuple(map(float, entry.split())) for entry in raw)]
-    return [0.0, 0.0, {lease.decode(): expiry for lease, expiry in raw}]
+    twin = rule.redis_twin
+    return twin.decode(rule, raw) if twin is not None else tuple(json.loads(raw))
 
 
 # The record's fields that hold JSON; `lease` and `status` are plain text, as Lua reads them.
@@ -748,12 +713,12 @@ __all__ = [
     "CircuitBreaker",
     "RedisStore",
     "connect",
-    "decode",
     "decode_record",
+    "decode_state",
     "lua_body",
-    "lua_library",
     "lua_source",
     "outcome_of",
+    "read_state",
     "record_fields",
-    "write",
+    "write_state",
 ]

@@ -34,7 +34,7 @@ function slots.remaining(expiries, now, limit, lease)
   return math.max(0, limit - (#expiries - first_live(expiries, now) + 1))
 end
 
-function slots.save(key, _, now, limit, lease_seconds, cost, lease)
+function slots.save(key, _, now, cost, lease, limit, lease_seconds)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', number(now))
   redis.call('ZADD', key, number(now + lease_seconds), lease)
   local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')

@@ -1,11 +1,12 @@
 -- One decision, atomically: phase 1 asks every rule whether the cost fits, phase 2 takes
--- from all of them or from none. The same two phases as MemoryStore._decide.
+-- from all of them or from none. The same two phases as core/twophase.py.
 -- KEYS: one state key per check; in 'reserve' and 'settle' mode, then the reservation's record.
--- ARGV[1]: "now cost lease mode" then, per check, "type floor counts-requests shadow a b",
---   all space-separated. now is '-' for this server's TIME, lease '-' for none, mode
---   'decide', 'release', 'reserve' or 'settle' (where cost is the actual cost, '-' to
---   cancel). One argument rather than six per check: every argument costs the client more
---   to encode than the server spends parsing it here.
+-- ARGV[1]: "now cost lease mode" then, per check, "rule floor counts-requests shadow args",
+--   all space-separated, args the rule's own numbers joined by commas (its twin's `args`,
+--   core/twins.py). now is '-' for this server's TIME, lease '-' for none, mode 'decide',
+--   'release', 'reserve' or 'settle' (where cost is the actual cost, '-' to cancel). One
+--   argument rather than several per check: every argument costs the client more to encode
+--   than the server spends parsing it here.
 -- 'reserve' also takes ARGV[2], when the reservation expires, and ARGV[3...], its record's
 --   fields and values, written when the decision takes.
 -- Returns, for 'decide' and 'reserve': the room left, as a bare string, when every rule
@@ -13,6 +14,15 @@
 --   else {blocker (-1 when allowed), wait, remaining, {shadow checks that would deny}}.
 --   'release' returns {slots released}; 'settle' returns {'ok', slots released, delta},
 --   {'missing'} or {'settled', status}.
+--
+-- A rule's Lua registers a table as RULES['<its file's stem>'], with, `...` standing for its
+-- args:
+--   load(key) -> state (nil when none)
+--   attempt(state, now, cost, floor, ...) -> true, new state, room left; or false, wait
+--   remaining(state, now, ...) -> room now
+--   save(key, new state, now, cost, lease, ...): write what attempt returned
+-- and, if it has them: adjust(key, now, delta, taken_at, ...) (a settled reservation's
+-- difference), release(key, now, lease) -> slots freed, shorten_lease(key, lease, by).
 
 -- The checks of a spec, parsed once: loaded as a function library (FUNCTION LOAD), these
 -- locals live from one call to the next, so a plan seen before costs one table look-up.
@@ -22,11 +32,11 @@ local plans, plan_count, MAX_PLANS = {}, 0, 1000
 
 local function parse_checks(spec)
   local checks = {}
-  for kind, floor, per_request, shadow, a, b in
-      string.gmatch(spec, ' (%S+) (%S+) (%S+) (%S+) (%S+) (%S+)') do
+  for kind, floor, per_request, shadow, numbers in string.gmatch(spec, ' (%S+) (%S+) (%S+) (%S+) (%S+)') do
+    local args = {}
+    for number in string.gmatch(numbers, '[^,]+') do args[#args + 1] = tonumber(number) end
     checks[#checks + 1] = {rule = RULES[kind], floor = tonumber(floor),
-                           per_request = per_request == '1', shadow = shadow == '1',
-                           a = tonumber(a), b = tonumber(b)}
+                           per_request = per_request == '1', shadow = shadow == '1', args = args}
   end
   return checks
 end
@@ -85,7 +95,7 @@ local function decide(KEYS, ARGV)
       for i, check in ipairs(checks) do
         -- A shadow rule that would have denied took nothing: it has nothing to settle.
         if not check.per_request and check.rule.adjust and not fields['untaken:' .. KEYS[i]] then
-          check.rule.adjust(KEYS[i], now, delta, taken_at, check.a, check.b)
+          check.rule.adjust(KEYS[i], now, delta, taken_at, unpack(check.args))
         end
       end
     end
@@ -100,7 +110,7 @@ local function decide(KEYS, ARGV)
     states[i] = state
     local amount = cost
     if check.per_request then amount = 1 end
-    local fits, new_state, room = check.rule.attempt(state, now, amount, check.floor, check.a, check.b)
+    local fits, new_state, room = check.rule.attempt(state, now, amount, check.floor, unpack(check.args))
     if fits then
       taken[i], left[i], amounts[i] = new_state, room, amount
     elseif check.shadow then
@@ -112,14 +122,14 @@ local function decide(KEYS, ARGV)
 
   if blocker >= 0 then
     local check = checks[blocker + 1]
-    local room = check.rule.remaining(states[blocker + 1], now, check.a, check.b)
+    local room = check.rule.remaining(states[blocker + 1], now, unpack(check.args))
     return {blocker, number(worst), number(room), shadows}
   end
 
   local remaining = INFINITY
   for i, check in ipairs(checks) do
     if amounts[i] then  -- a shadow rule that would deny takes nothing, as if it were enforced
-      check.rule.save(KEYS[i], taken[i], now, check.a, check.b, amounts[i], lease)
+      check.rule.save(KEYS[i], taken[i], now, amounts[i], lease, unpack(check.args))
       if not check.shadow and left[i] < remaining then remaining = left[i] end
     end
   end

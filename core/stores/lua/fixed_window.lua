@@ -38,7 +38,7 @@ function fixed.remaining(state, now, limit, window)
   return math.max(0, limit - used)
 end
 
-function fixed.save(key, state, now, limit, window)
+function fixed.save(key, state, now, cost, lease, limit, window)
   local value = number(state[1]) .. ' ' .. number(state[2])
   redis.call('SET', key, value, 'PX', ttl_ms((state[1] + 1) * window - now))
 end
@@ -55,7 +55,7 @@ function fixed.adjust(key, now, delta, taken_at, limit, window)
   if used == 0 then
     redis.call('DEL', key)
   else
-    fixed.save(key, {index, used}, now, limit, window)
+    fixed.save(key, {index, used}, now, delta, nil, limit, window)
   end
 end
 

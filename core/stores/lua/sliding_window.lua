@@ -48,7 +48,7 @@ function log.remaining(entries, now, limit, window)
   return math.max(0, limit - used)
 end
 
-function log.save(key, first, now, limit, window, cost)
+function log.save(key, first, now, cost, lease, limit, window)
   if first > 1 then redis.call('LTRIM', key, first - 1, -1) end
   redis.call('RPUSH', key, number(now) .. ' ' .. number(cost))
   redis.call('PEXPIRE', key, ttl_ms(window))
@@ -61,7 +61,7 @@ function log.adjust(key, now, delta, taken_at, limit, window)
   local entries = log.load(key)
   local first = live(entries, now, window)
   if delta > 0 then
-    log.save(key, first, now, limit, window, delta)
+    log.save(key, first, now, delta, nil, limit, window)
     return
   end
   if not entries then return end

@@ -54,7 +54,7 @@ function counter.remaining(state, now, limit, window)
   return math.max(0, limit - estimate(index, previous, current, now, window))
 end
 
-function counter.save(key, state, now, limit, window)
+function counter.save(key, state, now, cost, lease, limit, window)
   local value = number(state[1]) .. ' ' .. number(state[2]) .. ' ' .. number(state[3])
   redis.call('SET', key, value, 'PX', ttl_ms((state[1] + 2) * window - now))
 end
@@ -76,7 +76,7 @@ function counter.adjust(key, now, delta, taken_at, limit, window)
       previous = math.max(0, previous + delta)
     end
   end
-  counter.save(key, {index, previous, current}, now, limit, window)
+  counter.save(key, {index, previous, current}, now, delta, nil, limit, window)
 end
 
 RULES['sliding_window_counter'] = counter

@@ -1,4 +1,4 @@
--- token_bucket and gcra: the Lua twin of core/buckets.py; same arithmetic, same doubles.
+-- token_bucket: the Lua twin of core/buckets.py (TokenBucket and GCRA); same arithmetic, same doubles.
 -- State: one integer, the microsecond at which the bucket is full again; or, for a bucket
 -- that never refills (rate 0), the tokens spent so far.
 local bucket = {}
@@ -52,7 +52,7 @@ function bucket.remaining(state, now, capacity, rate)
   return math.max(0, bucket.tokens(state, now, capacity, rate))
 end
 
-function bucket.save(key, state, now, capacity, rate)
+function bucket.save(key, state, now, cost, lease, capacity, rate)
   if rate == 0 then
     redis.call('SET', key, number(state), 'PX', ttl_ms(MAX_IDLE_SECONDS))
   else
@@ -67,7 +67,7 @@ function bucket.adjust(key, now, delta, taken_at, capacity, rate)
   if rate == 0 then
     local spent = (state or 0) + delta
     if spent > 0 then
-      bucket.save(key, spent, now, capacity, rate)
+      bucket.save(key, spent, now, delta, nil, capacity, rate)
     else
       redis.call('DEL', key)
     end
@@ -82,8 +82,7 @@ function bucket.adjust(key, now, delta, taken_at, capacity, rate)
   else
     full_at = state * 1e-6 + delta / rate
   end
-  bucket.save(key, math.floor(full_at * 1e6 + 0.5), now, capacity, rate)
+  bucket.save(key, math.floor(full_at * 1e6 + 0.5), now, delta, nil, capacity, rate)
 end
 
 RULES['token_bucket'] = bucket
-RULES['gcra'] = bucket
