@@ -23,7 +23,17 @@ from operator import itemgetter
 from typing import Any, NamedTuple
 
 from .config import FailMode, PriorityClass, parse_fail_modes, parse_levels, parse_priorities
-from .decision import COST_EXCEEDS_LIMIT, INFINITY, NO_NAMES, OK, RATE_LIMITED, STORE_UNAVAILABLE, Decision, _make
+from .decision import (
+    COST_EXCEEDS_LIMIT,
+    INFINITY,
+    NO_NAMES,
+    OK,
+    RATE_LIMITED,
+    STORE_UNAVAILABLE,
+    Decision,
+    Finding,
+    _make,
+)
 from .errors import InvalidRequest, ReservationNotFound, ReservationSettled, StoreUnavailable
 from .params import LARGEST_NUMBER
 from .reservations import (
@@ -54,7 +64,7 @@ _lease_numbers = itertools.count(1)
 @dataclass(slots=True, eq=False)
 class Plan:
     """A key set and priority, resolved once: the store's plan, the call that decides on it,
-    and what names the results."""
+    and what names the results. Built by `Plan.of`, and only there."""
 
     store_plan: Any  # what the store's prepare() made of the stateful checks
     decide: Callable[[float, float, str | None], Outcome]  # the store's decider(store_plan)
@@ -68,6 +78,58 @@ class Plan:
     lean_max_cost: float  # the largest cost acquire() decides on its lean path; -inf: none
     longest_hold: float  # how long a reservation may hold: at most the shortest lease
     named: int  # how many levels the key set named (with a key that is not None)
+
+    @classmethod
+    def of(
+        cls, store: Store, stateful: list[tuple[Check, str]], stateless: list[tuple[Check, str]], named: int
+    ) -> Plan:
+        """The plan of these checks, each with its name ("level: rule"), in level order."""
+        checks = [check for check, _ in stateful]
+        leased = any(check.rule.leased for check in checks)
+        limits = [
+            (check.rule.max_cost(check.floor), i)
+            for i, (check, _) in enumerate(stateful + stateless)
+            if not check.rule.shadow
+        ]
+        max_cost, too_big = min(limits, default=(INFINITY, -1))
+        # The lean path in acquire() serves plans with nothing but stateful, unleased rules.
+        lean = not (leased or stateless)
+        store_plan = store.prepare(checks)
+        return cls(
+            store_plan=store_plan,
+            decide=store.decider(store_plan),
+            checks=checks,
+            names=[name for _, name in stateful],
+            reasons=[check.rule.label or RATE_LIMITED for check, _ in stateful],
+            stateless=[(check, name, check.rule) for check, name in stateless],
+            max_cost=max_cost,
+            too_big=too_big,
+            leased=leased,
+            lean_max_cost=min(max_cost, LARGEST_NUMBER) if lean else -INFINITY,
+            # A reservation must not outlive its concurrency slot: it holds for at most the
+            # shortest lease of the plan.
+            longest_hold=min(
+                (float(getattr(check.rule, "lease", LONGEST_HOLD)) for check in checks if check.rule.leased),
+                default=LONGEST_HOLD,
+            ),
+            named=named,
+        )
+
+
+class Request(NamedTuple):
+    """One request, checked and planned up to asking the store: what acquire, reserve and a
+    batch share. `denied`: a stateless rule denies it, so the store is asked only for the
+    other rules' waits (without taking), in its turn."""
+
+    limiter: HierarchicalLimiter
+    plan: Plan
+    keys: Mapping[str, str]
+    cost: float
+    priority: str | None
+    now: float
+    lease: str | None
+    shadowed: tuple[str, ...]  # the stateless shadow rules that would deny
+    denied: bool
 
 
 class HierarchicalLimiter:
@@ -149,28 +211,42 @@ class HierarchicalLimiter:
     def _acquire_slowly(self, plan: Plan, cost: float, keys: Mapping[str, str], priority: str | None) -> Decision:
         """Every case the lean path leaves out: a bad cost, a cost that never fits,
         stateless rules, and concurrency leases."""
-        if not 0 < cost <= LARGEST_NUMBER:
-            _refuse_cost(cost)
+        _check_cost(cost)
+        request = self._request(plan, keys, cost, priority, self.clock)
+        if type(request) is Decision:
+            return request
+        if request.denied:
+            return self._explain(plan, cost, request.now)[0]
+        try:
+            outcome: Decision | Finding | StoreUnavailable = plan.decide(cost, request.now, request.lease)
+        except StoreUnavailable as error:
+            outcome = error
+        return self._decision(request, outcome)
+
+    def _request(
+        self, plan: Plan, keys: Mapping[str, str], cost: float, priority: str | None, when: Callable[[], Any]
+    ) -> Request | Decision:
+        """The pipeline up to the store, once for acquire, reserve and batches: a cost that
+        can never fit is denied at once; then the time (`when`), the stateless rules, and a
+        lease id when the plan holds a concurrency slot."""
         if cost > plan.max_cost:
             return self._too_big(plan)
-        now = self.clock()
-        denial, shadowed = self._check_stateless(plan, cost, now) if plan.stateless else (None, ())
-        if denial is not None:
-            return denial
-        lease = f"{_lease_prefix}-{next(_lease_numbers):x}" if plan.leased else None
-        try:
-            outcome = plan.decide(cost, now, lease)
-        except StoreUnavailable:
-            return self._degraded(plan, keys, cost, priority)
-        return self._finish(plan, outcome, lease, shadowed)
+        now = when()
+        denied, shadowed = self._stateless_verdict(plan, cost, now) if plan.stateless else (False, NO_NAMES)
+        lease = f"{_lease_prefix}-{next(_lease_numbers):x}" if plan.leased and not denied else None
+        return Request(self, plan, keys, cost, priority, now, lease, shadowed, denied)
 
-    def _finish(self, plan: Plan, outcome: Outcome, lease: str | None, shadowed: tuple[str, ...]) -> Decision:
-        """The decision from what the store found, with the stateless shadow rules' names."""
+    def _decision(self, request: Request, outcome: Decision | Finding | StoreUnavailable) -> Decision:
+        """The decision from what the store found (with the stateless shadow rules' names), or
+        from the fail modes when it could not be reached."""
+        if isinstance(outcome, StoreUnavailable):
+            return self._degraded(request.plan, request.keys, request.cost, request.priority)
         if isinstance(outcome, Decision):
             decision = outcome
         else:
             blocker, wait, remaining, shadows = outcome
-            decision = self._outcome(plan, blocker, wait, remaining, shadows, lease)
+            decision = self._outcome(request.plan, blocker, wait, remaining, shadows, request.lease)
+        shadowed = request.shadowed
         return decision._replace(shadow_blocked=decision.shadow_blocked + shadowed) if shadowed else decision
 
     @staticmethod
@@ -190,8 +266,7 @@ class HierarchicalLimiter:
     ) -> tuple[Decision, list[dict]]:
         """A dry run: the decision `acquire` would make now, and every rule's wait and
         remaining (before any take), consuming nothing."""
-        if cost.__class__ not in _NUMBER_TYPES or not 0 < cost <= LARGEST_NUMBER:
-            _refuse_cost(cost)
+        _check_cost(cost)
         return self._explain(self._plan(keys, priority), cost, self.clock())
 
     def _explain(self, plan: Plan, cost: float, now: float) -> tuple[Decision, list[dict]]:
@@ -225,32 +300,36 @@ class HierarchicalLimiter:
         The store keeps it open for `hold` seconds (60 by default, at most the shortest
         concurrency lease). A denial, or a degraded decision (the store is down, so no
         record can be kept: skip settling), comes with None."""
-        if cost.__class__ not in _NUMBER_TYPES or not 0 < cost <= LARGEST_NUMBER:
-            _refuse_cost(cost)
+        _check_cost(cost)
         plan = self._plan(keys, priority)
         hold = clean_hold(hold, plan.longest_hold)
-        if cost > plan.max_cost:
-            return self._too_big(plan), None
         try:
-            # A record needs a real time: on Redis, ask the server first (one more round trip).
-            now = self.clock()
-            now = self.store.time() if now is None else now
+            request = self._request(plan, keys, cost, priority, self._record_time)
         except StoreUnavailable:
             return self._degraded(plan, keys, cost, priority), None
-        denial, shadowed = self._check_stateless(plan, cost, now) if plan.stateless else (None, ())
-        if denial is not None:
-            return denial, None
-        lease = f"{_lease_prefix}-{next(_lease_numbers):x}" if plan.leased else None
+        if type(request) is Decision:
+            return request, None
+        if request.denied:
+            return self._explain(plan, cost, request.now)[0], None
+        now, lease = request.now, request.lease
         levels = {level: keys[level] for level in self._level_names if keys.get(level) is not None}
         reservation = Reservation(
             self.store.new_reservation_id(plan.store_plan), levels, cost, priority, now, now + hold, lease, hold
         )
         try:
-            outcome = self.store.reserve(plan.store_plan, cost, now, lease, reservation.to_dict())
-        except StoreUnavailable:
-            return self._degraded(plan, keys, cost, priority), None
-        decision = self._finish(plan, outcome, lease, shadowed)
-        return decision, reservation if decision.allowed else None
+            outcome: Decision | Finding | StoreUnavailable = self.store.reserve(
+                plan.store_plan, cost, now, lease, reservation.to_dict()
+            )
+        except StoreUnavailable as error:
+            outcome = error
+        decision = self._decision(request, outcome)
+        return decision, reservation if decision.allowed and not decision.degraded else None
+
+    def _record_time(self) -> float:
+        """A time a record can carry: on Redis, with no clock injected, the server's (one
+        more round trip)."""
+        now = self.clock()
+        return self.store.time() if now is None else now
 
     def settle(self, reservation_id: str, actual_cost: float | None = None) -> Settlement:
         """Settle a reservation with what the work really cost: the difference is given back
@@ -269,7 +348,7 @@ class HierarchicalLimiter:
         # No priority: floors do not matter to a settlement, and the class may be gone since.
         # A level gone from the limiter since has nothing left to give back or charge.
         keys = {level: key for level, key in record["keys"].items() if level in self.levels}
-        plan = self._plan(keys, None) if keys else self._assemble([], [], 0)
+        plan = self._plan(keys, None) if keys else Plan.of(self.store, [], [], 0)
         delta, released = self.store.settle(plan.store_plan, reservation_id, actual_cost, now)
         return Settlement(
             reservation_id,
@@ -352,39 +431,7 @@ class HierarchicalLimiter:
             for rule, name in rules:
                 floor = priority.floor(level, rule) if priority else 0.0
                 (stateful if rule.stateful else stateless).append((Check(level, key, rule, floor), name))
-        return self._assemble(stateful, stateless, named)
-
-    def _assemble(self, stateful: list[tuple[Check, str]], stateless: list[tuple[Check, str]], named: int) -> Plan:
-        checks = [check for check, _ in stateful]
-        leased = any(check.rule.leased for check in checks)
-        limits = [
-            (check.rule.max_cost(check.floor), i)
-            for i, (check, _) in enumerate(stateful + stateless)
-            if not check.rule.shadow
-        ]
-        max_cost, too_big = min(limits, default=(INFINITY, -1))
-        # The lean path in acquire() serves plans with nothing but stateful, unleased rules.
-        lean = not (leased or stateless)
-        store_plan = self.store.prepare(checks)
-        return Plan(
-            store_plan=store_plan,
-            decide=self.store.decider(store_plan),
-            checks=checks,
-            names=[name for _, name in stateful],
-            reasons=[check.rule.label or RATE_LIMITED for check, _ in stateful],
-            stateless=[(check, name, check.rule) for check, name in stateless],
-            max_cost=max_cost,
-            too_big=too_big,
-            leased=leased,
-            lean_max_cost=min(max_cost, LARGEST_NUMBER) if lean else -INFINITY,
-            # A reservation must not outlive its concurrency slot: it holds for at most the
-            # shortest lease of the plan.
-            longest_hold=min(
-                (float(getattr(check.rule, "lease", LONGEST_HOLD)) for check in checks if check.rule.leased),
-                default=LONGEST_HOLD,
-            ),
-            named=named,
-        )
+        return Plan.of(self.store, stateful, stateless, named)
 
     def _degraded(self, plan: Plan, keys: Mapping[str, str], cost: float, priority: str | None) -> Decision:
         """The store is unreachable: each level of the plan applies its fail mode. A closed
@@ -426,13 +473,6 @@ class HierarchicalLimiter:
         names = plan.names + [name for _, name, _ in plan.stateless]
         return Decision(False, INFINITY, names[plan.too_big], COST_EXCEEDS_LIMIT, 0.0)
 
-    def _check_stateless(self, plan: Plan, cost: float, now: float) -> tuple[Decision | None, tuple]:
-        """Stateless rules decide before the store is asked. On a denial the stateful rules'
-        waits still count towards `retry_after`, so the store is asked without taking.
-        Returns the denial, if any, and the shadow stateless rules that would deny."""
-        denied, shadows = self._stateless_verdict(plan, cost, now)
-        return (self._explain(plan, cost, now)[0], ()) if denied else (None, shadows)
-
     @staticmethod
     def _stateless_verdict(plan: Plan, cost: float, now: float) -> tuple[bool, tuple]:
         """Whether a stateless rule denies, and the shadow ones that would."""
@@ -444,39 +484,10 @@ class HierarchicalLimiter:
                 shadows.append(name)
         return False, tuple(shadows)
 
-    def _batch_entry(self, keys: Mapping[str, str], cost: float, priority: str | None) -> Decision | _Pending | None:
-        """What `acquire` would do, up to asking the store, taking nothing: the decision
-        when no store is needed, the store's work when it is, or None when the request must
-        be made alone, in its turn (a stateless denial reads the other rules' waits)."""
-        if cost.__class__ not in _NUMBER_TYPES or not 0 < cost <= LARGEST_NUMBER:
-            _refuse_cost(cost)
-        plan = self._plan(keys, priority)
-        if cost > plan.max_cost:
-            return self._too_big(plan)
-        now = self.clock()
-        denied, shadowed = self._stateless_verdict(plan, cost, now) if plan.stateless else (False, ())
-        if denied:
-            return None
-        lease = f"{_lease_prefix}-{next(_lease_numbers):x}" if plan.leased else None
-        return _Pending(self, plan, keys, cost, priority, now, lease, shadowed)
-
-    def _batch_decision(self, item: _Pending, outcome: Any) -> Decision:
-        if isinstance(outcome, StoreUnavailable):
-            return self._degraded(item.plan, item.keys, item.cost, item.priority)
-        return self._finish(item.plan, outcome, item.lease, item.shadowed)
-
-
-class _Pending(NamedTuple):
-    """A batch item that the store decides, with what turns its outcome into a decision."""
-
-    limiter: HierarchicalLimiter
-    plan: Plan
-    keys: Mapping[str, str]
-    cost: float
-    priority: str | None
-    now: float
-    lease: str | None
-    shadowed: tuple
+    def _batch_entry(self, keys: Mapping[str, str], cost: float, priority: str | None) -> Request | Decision:
+        """A batch item, through the pipeline up to the store; nothing taken yet."""
+        _check_cost(cost)
+        return self._request(self._plan(keys, priority), keys, cost, priority, self.clock)
 
 
 def acquire_batch(items: Sequence[tuple]) -> list[Decision]:
@@ -491,11 +502,10 @@ def acquire_batch(items: Sequence[tuple]) -> list[Decision]:
     for i, entry in enumerate(entries):
         if type(entry) is Decision:
             decisions[i] = entry
-        elif entry is None:  # made alone, in its turn: what came before must be decided first
+        elif entry.denied:  # read alone, in its turn: what came before must be decided first
             _decide_waiting(entries, waiting, decisions)
             waiting = []
-            limiter, keys, cost, priority = _unpack(items[i])
-            decisions[i] = limiter.acquire(keys, cost, priority)
+            decisions[i] = entry.limiter._explain(entry.plan, entry.cost, entry.now)[0]
         else:
             waiting.append(i)
     _decide_waiting(entries, waiting, decisions)
@@ -530,7 +540,7 @@ def _decide_waiting(entries: list, waiting: list[int], decisions: list) -> None:
             [(entries[i].plan.store_plan, entries[i].cost, entries[i].now, entries[i].lease) for i in indexes]
         )
         for i, outcome in zip(indexes, outcomes):
-            decisions[i] = entries[i].limiter._batch_decision(entries[i], outcome)
+            decisions[i] = entries[i].limiter._decision(entries[i], outcome)
 
 
 def _row(check: Check, wait: float = 0.0, remaining: float = INFINITY) -> dict:
@@ -562,6 +572,12 @@ def _decision_from_rows(rows: list[dict]) -> Decision:
 def _wall(now: float | None) -> float:
     """Stateless rules get a time even when the store keeps its own (Redis TIME)."""
     return time.time() if now is None else now
+
+
+def _check_cost(cost: Any) -> None:
+    """InvalidRequest unless `cost` is a number above 0 and at most LARGEST_NUMBER."""
+    if cost.__class__ not in _NUMBER_TYPES or not 0 < cost <= LARGEST_NUMBER:
+        _refuse_cost(cost)
 
 
 def _refuse_cost(cost: Any) -> None:

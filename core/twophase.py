@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, MutableMapping, Sequence
 from typing import Any, NamedTuple
 
-from .decision import NO_SHADOWS, Finding, found
+from .decision import NO_SHADOWS, Finding, _make, found
 from .rules import DEFER, Rule
 
 INFINITY = float("inf")
@@ -66,7 +66,7 @@ def deny(slots: Sequence[Slot], blocker: int, worst: float, cost: float, now: fl
         if wait > worst:
             blocker, worst = i, wait
     rule, table, name = slots[blocker][:3]
-    return found(blocker, worst, rule.remaining(table.get(name), now), NO_SHADOWS)
+    return _make(Finding, (blocker, worst, rule.remaining(table.get(name), now), NO_SHADOWS))
 
 
 def reserve(slots: Sequence[Slot], cost: float, now: float, lease: str | None, until: float) -> Finding:

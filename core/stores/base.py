@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, NamedTuple, TypeAlias
 
-from ..decision import Decision
+from ..decision import Decision, Finding
 from ..errors import StoreUnavailable
 from ..reservations import new_reservation_id
 from ..rules import Rule
@@ -31,11 +31,6 @@ class Check(NamedTuple):
     floor: float  # what a priority watermark keeps in reserve, in the rule's units
 
 
-# What `decide` found, as a plain tuple (the hot path builds no object for it):
-# (blocker, wait, remaining, shadow_blocked). `blocker` is the index of the check that denied,
-# or -1; `wait` its wait; `remaining` the room of the tightest rule (of the blocker, on a
-# denial); `shadow_blocked` the indices of the shadow checks that would have denied.
-Finding: TypeAlias = tuple[int, float, float, tuple[int, ...]]
 # What `decide` returns: a Finding, or, for a plain allowed decision, the finished Decision
 # (`core.decision.allowed(remaining)`), which saves the limiter a step.
 Outcome: TypeAlias = Finding | Decision

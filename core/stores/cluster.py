@@ -53,7 +53,7 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from ..buckets import bucket_state
-from ..decision import Decision
+from ..decision import Decision, found
 from ..errors import ConfigError
 from .base import Check, Outcome
 from .connections import bulk, held_connections
@@ -316,11 +316,11 @@ class ClusterStore(RedisStore):
                 ok, wait, left = self._on_pools(budget.take, amount, now)
                 if not ok:
                     _give_back(taken)
-                    return index, wait, left, ()
+                    return found(index, wait, left)
                 taken.append((budget, amount))
                 room = min(room, left)
             if not plan.inner.keys and not always:
-                return -1, 0.0, room, ()
+                return found(-1, 0.0, room)
             outcome = inner_call(plan.inner)
         except BaseException:
             _give_back(taken)
@@ -347,8 +347,8 @@ class ClusterStore(RedisStore):
 
     def _with_budgets(self, plan: LeasedPlan, inner_rows: list, row: Callable) -> list:
         rows: list = [None] * len(plan.checks)
-        for i, found in zip(plan.inner_index, inner_rows):
-            rows[i] = found
+        for i, reading in zip(plan.inner_index, inner_rows):
+            rows[i] = reading
         for i, budget in plan.budgets:
             rows[i] = row(budget)
         return rows

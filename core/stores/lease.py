@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, final
 
+from ..decision import found
+
 LEASE_SCRIPT = (Path(__file__).parent / "lua" / "lease.lua").read_text()
 DEFAULT_FRACTION = 0.02  # of the capacity per slice: 50 slices make the whole budget
 DEFAULT_INTERVAL = 1.0  # seconds a slice may be used before what is left goes back
@@ -102,4 +104,4 @@ class LeasedPlan:
         """The inner plan's outcome with its indices turned into this plan's."""
         blocker, wait, remaining, shadows = inner
         index = self.inner_index
-        return (index[blocker] if blocker >= 0 else -1, wait, remaining, tuple(index[i] for i in shadows))
+        return found(index[blocker] if blocker >= 0 else -1, wait, remaining, tuple(index[i] for i in shadows))

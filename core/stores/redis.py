@@ -43,7 +43,7 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError, WatchErro
 from redis.retry import Retry
 
 from .. import twophase
-from ..decision import allowed
+from ..decision import Finding, allowed, found
 from ..errors import ConfigError, ReservationNotFound, ReservationSettled, StoreUnavailable
 from ..reservations import CANCELLED, COMMITTED, OPEN
 from ..rules import Rule
@@ -65,7 +65,6 @@ BATCH_TIMEOUT = 1.0
 MAX_CONNECTIONS = 10_000
 # How long an optimistic decision keeps trying while other clients keep changing its keys.
 OPTIMISTIC_DEADLINE = 1.0
-NO_SHADOWS: tuple = ()
 
 
 # What every FCALL starts with, whatever function it calls.
@@ -605,13 +604,13 @@ class RedisStore(Store):
         return result
 
 
-def outcome_of(reply: Any) -> Outcome:
-    """A decision's reply as an Outcome: the script sends the room left alone when every
+def outcome_of(reply: Any) -> Finding:
+    """A decision's reply as a Finding: the script sends the room left alone when every
     rule took and no shadow rule would have denied, else all four fields."""
     if reply.__class__ is not list:
-        return -1, 0.0, float(reply), NO_SHADOWS
+        return found(-1, 0.0, float(reply))
     blocker, wait, remaining, shadows = reply
-    return blocker, float(wait), float(remaining), tuple(shadows)
+    return found(blocker, float(wait), float(remaining), tuple(shadows))
 
 
 def connect(url: str, timeout: float = DEFAULT_TIMEOUT, read_timeout: float | None = None) -> redis.Redis:
