@@ -18,6 +18,7 @@ from .rules import RULES, Rule, register
 from .single import ClientLimiter
 from .stores import MemoryStore, Store, store_from_url
 from .throttle import Throttle
+from .twins import RedisTwin
 
 __all__ = [
     "RULES",
@@ -31,6 +32,7 @@ __all__ = [
     "MemoryStore",
     "Param",
     "PriorityClass",
+    "RedisTwin",
     "Reservation",
     "ReservationNotFound",
     "ReservationSettled",

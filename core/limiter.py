@@ -48,7 +48,7 @@ from .reservations import (
     clean_reservation_id,
 )
 from .rules import Rule
-from .stores import Check, MemoryStore, Outcome, Store
+from .stores import Check, MemoryStore, Store
 
 # About 2 KB a plan, so at most ~40 MB; a key set beyond that costs a rebuild (~20 us).
 PLAN_CACHE_SIZE = 20_000
@@ -67,7 +67,7 @@ class Plan:
     and what names the results. Built by `Plan.of`, and only there."""
 
     store_plan: Any  # what the store's prepare() made of the stateful checks
-    decide: Callable[[float, float, str | None], Outcome]  # the store's decider(store_plan)
+    decide: Callable[[float, float, str | None], Decision | Finding]  # the store's decider(store_plan)
     checks: list[Check]  # the stateful checks, in level order
     names: list[str]  # each check's "level: rule", for blocked_by
     reasons: list[str]  # each check's label, or RATE_LIMITED

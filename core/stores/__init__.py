@@ -6,10 +6,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
-from .base import Check, Outcome, Store
+from .base import Check, Health, Store
 from .memory import MemoryStore
 
-__all__ = ["Check", "MemoryStore", "Outcome", "Store", "store_from_url"]
+__all__ = ["Check", "Health", "MemoryStore", "Store", "store_from_url"]
 
 
 def store_from_url(url: str, **options: Any) -> Store:

@@ -1,9 +1,19 @@
-"""The store interface: where rule state lives, and the one atomic step per decision.
+"""The store protocol: where rule state lives, and the one atomic step per decision.
 
 A decision is one call, `decide`: check every rule of every level, then take from all or
-from none, atomically. On Redis that call is one Lua script; in memory it runs under the
-locks of the keys involved. Everything the limiter does per key set is prepared once
-(`prepare`), so the per-decision call carries no work that could have been done earlier.
+from none, atomically (core/twophase.py, or its Lua twin). Everything the limiter does per key
+set is prepared once (`prepare`), into the store's own plan, so the per-decision call
+carries no work that could have been done earlier. A plan is opaque to the limiter, which
+hands each store only the plans it prepared.
+
+A store implements the required methods; each of the others has a default built from them
+(as Django's BaseCache does), which a store may replace with something faster:
+
+    required  prepare, decide, explain, inspect, release, reset,
+              reserve, reservation, settle
+    derived   decider (decide, bound to a plan), decide_many (a loop of decide), time (the
+              clock), new_reservation_id, ping (nothing to ask), close (nothing to let go),
+              health (up)
 
 Reservations (`reserve`, `reservation`, `settle`) keep a record per reservation in the
 store itself, so that any process sharing the store can settle it; `decide_many` decides a
@@ -14,12 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, NamedTuple, TypeAlias
+from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
 
 from ..decision import Decision, Finding
 from ..errors import StoreUnavailable
 from ..reservations import new_reservation_id
 from ..rules import Rule
+
+PlanT = TypeVar("PlanT")
 
 
 class Check(NamedTuple):
@@ -31,80 +43,55 @@ class Check(NamedTuple):
     floor: float  # what a priority watermark keeps in reserve, in the rule's units
 
 
-# What `decide` returns: a Finding, or, for a plain allowed decision, the finished Decision
-# (`core.decision.allowed(remaining)`), which saves the limiter a step.
-Outcome: TypeAlias = Finding | Decision
+class Health(TypedDict):
+    """How one part of a store is doing, for operators: `state` "up" or "down"; `down_since`
+    the wall-clock time (epoch seconds) of the first failure of the current outage, or None;
+    `failures` the failed calls in a row."""
+
+    name: str
+    state: str
+    down_since: float | None
+    failures: int
 
 
-class Store:
-    """Base class of the stores. Subclasses implement the required methods below."""
+class Store(Generic[PlanT]):
+    """Base class of the stores, generic over the plan a store prepares."""
 
-    # The clock used when the limiter is not given one.
+    # The clock used when the limiter is not given one. A store whose clock is elsewhere
+    # (Redis TIME) returns None: the store reads it itself.
     clock: Any = None
+    # What operators call it (health()).
+    name: str = "store"
 
-    def prepare(self, checks: Sequence[Check]) -> Any:
+    # --- required ---------------------------------------------------------------------------
+
+    def prepare(self, checks: Sequence[Check]) -> PlanT:
         """Resolve `checks` into whatever makes `decide` cheap (keys, locks, script args)."""
         raise NotImplementedError(f"{type(self).__name__} must implement prepare()")
 
-    def decide(self, plan: Any, cost: float, now: float, lease: str | None) -> Outcome:
-        """Check every rule, then take `cost` from all of them or from none."""
+    def decide(self, plan: PlanT, cost: float, now: float, lease: str | None) -> Decision | Finding:
+        """Check every rule, then take `cost` from all of them or from none. Returns what it
+        found, or, for a plain allowed decision, the finished Decision (`decision.allowed`),
+        which saves the limiter a step."""
         raise NotImplementedError(f"{type(self).__name__} must implement decide()")
 
-    def decider(self, plan: Any) -> Callable[[float, float, str | None], Outcome]:
-        """`decide` bound to one plan: what the limiter calls per decision. A store may
-        return something faster than the default for plans it knows to be simple."""
-        return partial(self.decide, plan)
-
-    def explain(self, plan: Any, cost: float, now: float) -> list[tuple[float, float]]:
+    def explain(self, plan: PlanT, cost: float, now: float) -> list[tuple[float, float]]:
         """(wait, remaining) of every check, consuming nothing."""
         raise NotImplementedError(f"{type(self).__name__} must implement explain()")
 
-    def inspect(self, plan: Any, now: float) -> list[dict]:
+    def inspect(self, plan: PlanT, now: float) -> list[dict]:
         """The live state of every check, as each rule describes it."""
         raise NotImplementedError(f"{type(self).__name__} must implement inspect()")
 
-    def release(self, plan: Any, now: float, lease: str) -> int:
+    def release(self, plan: PlanT, now: float, lease: str) -> int:
         """Give back what `lease` holds in the plan's leased rules; returns how many gave."""
         raise NotImplementedError(f"{type(self).__name__} must implement release()")
 
-    def reset(self, plan: Any) -> None:
+    def reset(self, plan: PlanT) -> None:
         """Forget the state of every check: the keys start full again."""
         raise NotImplementedError(f"{type(self).__name__} must implement reset()")
 
-    def close(self) -> None:
-        """Release connections; the default has nothing to release."""
-
-    def ping(self) -> None:
-        """Raise StoreUnavailable unless the store answers (readiness probes). The default,
-        for a store in this process, has nothing to ask."""
-
-    # --- batches ------------------------------------------------------------------------
-
-    def decide_many(self, items: Sequence[tuple[Any, float, float, str | None]]) -> list[Outcome | StoreUnavailable]:
-        """`decide` for each (plan, cost, now, lease), in order, as if one after the other.
-        An item the store could not decide comes back as its StoreUnavailable (the others
-        still count). The default is a loop; a remote store sends them in one round trip."""
-        results: list = []
-        for plan, cost, now, lease in items:
-            try:
-                results.append(self.decide(plan, cost, now, lease))
-            except StoreUnavailable as error:
-                results.append(error)
-        return results
-
-    # --- reservations -------------------------------------------------------------------
-
-    def time(self) -> float:
-        """Now on the store's clock, for records that must carry a time. The default reads
-        `clock`; a store whose clock is elsewhere (Redis `TIME`) asks for it."""
-        return self.clock()
-
-    def new_reservation_id(self, plan: Any) -> str:
-        """A fresh reservation id for a reservation on `plan`. A store whose records must
-        live beside the plan's keys (a cluster's shard) may name that place in the id."""
-        return new_reservation_id()
-
-    def reserve(self, plan: Any, cost: float, now: float, lease: str | None, record: dict) -> Outcome:
+    def reserve(self, plan: PlanT, cost: float, now: float, lease: str | None, record: dict) -> Decision | Finding:
         """`decide`, and when it takes, keep `record` (a Reservation's to_dict()) open until
         its `expires_at`, so that `settle` can find it from any process using this store."""
         raise NotImplementedError(f"{type(self).__name__} must implement reserve()")
@@ -114,10 +101,54 @@ class Store:
         "cancelled"); None when unknown or expired at `now` (None: the store's own time)."""
         raise NotImplementedError(f"{type(self).__name__} must implement reservation()")
 
-    def settle(self, plan: Any, reservation_id: str, actual_cost: float | None, now: float) -> tuple[float, int]:
+    def settle(self, plan: PlanT, reservation_id: str, actual_cost: float | None, now: float) -> tuple[float, int]:
         """In one atomic step: check the record is open, mark it settled (it stays until it
         expires, as a tombstone), give back or charge `actual_cost - cost` at every rule
         that counts cost (all of it when `actual_cost` is None: a cancel), and release the
         lease. Returns (that difference, slots released). Raises ReservationNotFound or
         ReservationSettled."""
         raise NotImplementedError(f"{type(self).__name__} must implement settle()")
+
+    # --- derived, with defaults ---------------------------------------------------------------
+
+    def decider(self, plan: PlanT) -> Callable[[float, float, str | None], Decision | Finding]:
+        """`decide` bound to one plan: what the limiter calls per decision. A store may
+        return something faster than the default for plans it knows to be simple."""
+        return partial(self.decide, plan)
+
+    def decide_many(
+        self, items: Sequence[tuple[PlanT, float, float, str | None]]
+    ) -> list[Decision | Finding | StoreUnavailable]:
+        """`decide` for each (plan, cost, now, lease), in order, as if one after the other.
+        An item the store could not decide comes back as its StoreUnavailable (the others
+        still count). The default is a loop; a remote store sends them in one round trip."""
+        results: list[Decision | Finding | StoreUnavailable] = []
+        for plan, cost, now, lease in items:
+            try:
+                results.append(self.decide(plan, cost, now, lease))
+            except StoreUnavailable as error:
+                results.append(error)
+        return results
+
+    def time(self) -> float:
+        """Now on the store's clock, for records that must carry a time. The default reads
+        `clock`; a store whose clock is elsewhere (Redis `TIME`) asks for it."""
+        return self.clock()
+
+    def new_reservation_id(self, plan: PlanT) -> str:
+        """A fresh reservation id for a reservation on `plan`. A store whose records must
+        live beside the plan's keys (a cluster's shard) may name that place in the id."""
+        return new_reservation_id()
+
+    def ping(self) -> None:
+        """Raise StoreUnavailable unless the store answers (readiness probes). The default,
+        for a store in this process, has nothing to ask."""
+
+    def close(self) -> None:
+        """Release connections; the default has nothing to release."""
+
+    def health(self) -> list[Health]:
+        """How each part of the store is doing (a cluster has one part per node), from what
+        its calls met so far: nothing is asked here. The default, for a store in this
+        process: one part, up."""
+        return [Health(name=self.name, state="up", down_since=None, failures=0)]

@@ -53,9 +53,9 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from ..buckets import bucket_state
-from ..decision import Decision, found
+from ..decision import Decision, Finding, found
 from ..errors import ConfigError
-from .base import Check, Outcome
+from .base import Check
 from .connections import bulk, held_connections
 from .lease import (
     DEFAULT_FRACTION,
@@ -203,7 +203,7 @@ class ClusterStore(RedisStore):
 
     def decide(  # type: ignore[override]
         self, plan: ClusterPlan | LeasedPlan, cost: float, now: float | None, lease: str | None
-    ) -> Outcome:
+    ) -> Decision | Finding:
         if type(plan) is LeasedPlan:
             return self._leased(plan, cost, now, lambda inner: self.decide(inner, cost, now, lease))
         plan = plan.pick()
@@ -216,7 +216,7 @@ class ClusterStore(RedisStore):
 
     def reserve(  # type: ignore[override]
         self, plan: ClusterPlan | LeasedPlan, cost: float, now: float, lease: str | None, record: dict
-    ) -> Outcome:
+    ) -> Decision | Finding:
         if type(plan) is LeasedPlan:
             return self._leased(
                 plan, cost, now, lambda inner: self.reserve(inner, cost, now, lease, record), always=True
@@ -305,7 +305,7 @@ class ClusterStore(RedisStore):
 
     def _leased(
         self, plan: LeasedPlan, cost: float, now: float | None, inner_call: Callable, always: bool = False
-    ) -> Outcome:
+    ) -> Decision | Finding:
         """Take from every leased slice (denying at the first that cannot give), then let
         Redis decide the other levels; a denial there, or an error, gives the slices back."""
         taken: list[tuple[Budget, float]] = []
@@ -477,9 +477,9 @@ class ClusterStore(RedisStore):
 
     # --- reservations: the id names its shard, so that its record lives with its keys ------
 
-    def new_reservation_id(self, plan: ClusterPlan | LeasedPlan) -> str:
+    def new_reservation_id(self, plan: ClusterPlan | LeasedPlan) -> str:  # type: ignore[override]
         inner = plan.inner if type(plan) is LeasedPlan else plan
-        return f"{super().new_reservation_id(plan)}.{inner.pick().shard}"
+        return f"{super().new_reservation_id(inner)}.{inner.pick().shard}"
 
     def reservation_key(self, reservation_id: str) -> str:
         shard = _shard_of_id(reservation_id, self.shards)

@@ -24,12 +24,12 @@ from functools import partial
 from typing import Any
 
 from .. import twophase
-from ..decision import NO_NAMES, OK, Decision, allowed
+from ..decision import NO_NAMES, OK, Decision, Finding, allowed
 from ..errors import ReservationNotFound, ReservationSettled
 from ..reservations import CANCELLED, COMMITTED, OPEN
 from ..rules import Rule
 from ..twophase import Slot
-from .base import Check, Outcome, Store
+from .base import Check, Store
 
 INFINITY = float("inf")
 SWEEP_MIN_DECISIONS = 256
@@ -113,10 +113,11 @@ def _lean_maker(locks: int, counts_requests: tuple) -> Callable:
     return namespace["make"]
 
 
-class MemoryStore(Store):
+class MemoryStore(Store[MemoryPlan]):
     """Rule state in this process: exact under threads, bounded in memory."""
 
     clock = staticmethod(time.monotonic)
+    name = "in-process memory, this process only"
 
     def __init__(self, shards: int = 64) -> None:
         self._locks = [threading.Lock() for _ in range(shards)]
@@ -143,7 +144,7 @@ class MemoryStore(Store):
             slots.append(Slot(rule, self._tables[shard], name, floor, rule.shadow, rule.counts_requests))
         return MemoryPlan(slots, [self._locks[i] for i in sorted(shards)], self)
 
-    def decide(self, plan: MemoryPlan, cost: float, now: float, lease: str | None) -> Outcome:
+    def decide(self, plan: MemoryPlan, cost: float, now: float, lease: str | None) -> Decision | Finding:
         if plan.lean is not None:
             return plan.lean(cost, now)  # takes the locks and counts the decision itself
         with _Locked(plan.locks):
@@ -151,7 +152,7 @@ class MemoryStore(Store):
         self._count_decision(now)
         return outcome
 
-    def decider(self, plan: MemoryPlan) -> Callable[[float, float, str | None], Outcome]:
+    def decider(self, plan: MemoryPlan) -> Callable[[float, float, str | None], Decision | Finding]:
         return plan.lean or partial(self.decide, plan)
 
     def _count_decision(self, now: float) -> None:
@@ -178,7 +179,7 @@ class MemoryStore(Store):
 
     # --- reservations: records in a dict, dropped once they expire ----------------------
 
-    def reserve(self, plan: MemoryPlan, cost: float, now: float, lease: str | None, record: dict) -> Outcome:
+    def reserve(self, plan: MemoryPlan, cost: float, now: float, lease: str | None, record: dict) -> Decision | Finding:
         with _Locked(plan.locks):
             outcome = twophase.reserve(plan.slots, cost, now, lease, record["expires_at"])
         self._count_decision(now)

@@ -43,12 +43,13 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError, WatchErro
 from redis.retry import Retry
 
 from .. import twophase
-from ..decision import Finding, allowed, found
+from ..decision import Decision, Finding, allowed, found
 from ..errors import ConfigError, ReservationNotFound, ReservationSettled, StoreUnavailable
 from ..reservations import CANCELLED, COMMITTED, OPEN
 from ..rules import Rule
 from ..twophase import Slot
-from .base import Check, Outcome, Store
+from .base import Check, Health, Store
+from .breaker import CircuitBreaker
 from .connections import HeldConnections, bulk, held_connections
 from .library import LuaLibrary, current_library, lua_body, lua_source
 
@@ -71,49 +72,6 @@ OPTIMISTIC_DEADLINE = 1.0
 FCALL = bulk(b"FCALL")
 
 
-class CircuitBreaker:
-    """Open after `threshold` failures in a row: calls then fail at once, without touching
-    the network, until the backoff has passed; then calls may try again. The backoff doubles
-    up to `most`. A single slow reply (a busy host) does not open it; a dead Redis, which
-    fails every call, opens it within a few calls."""
-
-    def __init__(
-        self, first: float = 0.05, most: float = 0.5, threshold: int = 3, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.first, self.most, self.threshold, self.clock = first, most, threshold, clock
-        self.failures = 0
-        self.probing = False
-        self.backoff = 0.0
-        self.open_until = 0.0
-        self.down_since: float | None = None  # monotonic time of the first failure
-
-    def allows(self) -> bool:
-        """Closed: yes. Open: no, until the backoff has passed; then yes for one caller at a
-        time (the probe), so that a frozen Redis costs one timeout per backoff, not one per
-        waiting thread."""
-        if not self.open_until:
-            return True
-        if self.probing or self.clock() < self.open_until:
-            return False
-        self.probing = True
-        return True
-
-    def succeeded(self) -> None:
-        if self.failures:
-            self.failures, self.backoff, self.open_until, self.down_since = 0, 0.0, 0.0, None
-        self.probing = False
-
-    def failed(self) -> None:
-        now = self.clock()
-        self.failures += 1
-        self.probing = False
-        if self.down_since is None:
-            self.down_since = now
-        if self.failures >= self.threshold:
-            self.backoff = min(self.most, self.backoff * 2 or self.first)
-            self.open_until = now + self.backoff
-
-
 class RedisPlan:
     """One key set, resolved: key names, the rules as the script reads them (`spec`), and
     whether a plug-in rule with no Lua twin sends it down the optimistic path."""
@@ -127,7 +85,7 @@ class RedisPlan:
         self.optimistic = optimistic
 
 
-class RedisStore(Store):
+class RedisStore(Store[RedisPlan]):
     """Rule state in Redis. Give it a client (Django passes django-redis's) or a URL."""
 
     clock = staticmethod(lambda: None)  # None: the script reads the server's TIME
@@ -144,10 +102,12 @@ class RedisStore(Store):
         breaker: CircuitBreaker | None = None,
         batch_client: redis.Redis | RedisCluster | None = None,
         key_format: str = "compact",
+        name: str = "Redis",
     ) -> None:
         if key_format not in KEY_FORMATS:
             raise ConfigError(f"must be one of {', '.join(KEY_FORMATS)}, not {key_format!r}", "key_format")
         self.key_format = key_format
+        self.name = name
         url = url or "redis://127.0.0.1:6379/0"
         self.client = client if client is not None else connect(url, timeout)
         # Batches read their answers on a client of their own, with a longer read timeout.
@@ -164,7 +124,6 @@ class RedisStore(Store):
         # FCALL until the server says it has no such command (Redis 6): then EVALSHA.
         self._scripts_only = self._held is None
         self._use(current_library())
-        self._lock = threading.Lock()
         self._turns = [threading.Lock() for _ in range(64)]
 
     def _use(self, lua: LuaLibrary) -> None:
@@ -219,13 +178,13 @@ class RedisStore(Store):
         digest = hashlib.blake2b(f"{level}\0{key}\0{rule.rule_id}".encode(), digest_size=8).digest()
         return f"{self.prefix}{{{base64.urlsafe_b64encode(digest)[:10].decode()}}}"
 
-    def decide(self, plan: RedisPlan, cost: float, now: float | None, lease: str | None) -> Outcome:
+    def decide(self, plan: RedisPlan, cost: float, now: float | None, lease: str | None) -> Decision | Finding:
         if plan.optimistic:
             return self._call(self._decide_optimistically, plan, cost, now, lease)
         argument = f"{'-' if now is None else repr(now)} {cost!r} {lease or '-'} decide{plan.spec}"
         return outcome_of(self._call(self._script, plan.keys, argument))
 
-    def decider(self, plan: RedisPlan) -> Callable[[float, float, str | None], Outcome]:
+    def decider(self, plan: RedisPlan) -> Callable[[float, float, str | None], Decision | Finding]:
         """A plan's decision on held connections: its command is packed once, but for the
         argument that changes; an allowed decision with no shadow rule in the way comes
         back as the Decision itself."""
@@ -235,7 +194,7 @@ class RedisStore(Store):
         packed: dict[bytes, bytes] = {}
         fcall = self._fcall
 
-        def decide(cost: float, now: float | None, lease: str | None = None) -> Outcome:
+        def decide(cost: float, now: float | None, lease: str | None = None) -> Decision | Finding:
             argument = f"{'-' if now is None else repr(now)} {cost!r} {lease or '-'}".encode() + spec
             reply = call(fcall, keys, b"$%d\r\n%s\r\n" % (len(argument), argument), 1, packed)
             if reply.__class__ is not list and lease is None:
@@ -254,7 +213,7 @@ class RedisStore(Store):
 
     def decide_many(
         self, items: Sequence[tuple[RedisPlan, float, float | None, str | None]]
-    ) -> list[Outcome | StoreUnavailable]:
+    ) -> list[Decision | Finding | StoreUnavailable]:
         """Every Lua decision of the batch in one pipeline (one round trip), in order. A plan
         on the optimistic path is decided on its own, in its turn, between pipelines."""
         results: list = [None] * len(items)
@@ -289,8 +248,7 @@ class RedisStore(Store):
             else:
                 results[i] = outcome_of(answer)
         if failed:
-            with self._lock:
-                self.breaker.failed()
+            self.breaker.failed()
 
     def _evalsha_many(self, calls: list[tuple[tuple, str]], client: redis.Redis | RedisCluster | None = None) -> list:
         """One script call per (keys, argument), pipelined on `client` (the batch client by
@@ -331,7 +289,7 @@ class RedisStore(Store):
         seconds, micros = self._call(self.client.time)
         return seconds + micros / 1_000_000
 
-    def reserve(self, plan: RedisPlan, cost: float, now: float, lease: str | None, record: dict) -> Outcome:
+    def reserve(self, plan: RedisPlan, cost: float, now: float, lease: str | None, record: dict) -> Decision | Finding:
         key, expires_at = self.reservation_key(record["id"]), record["expires_at"]
         if plan.optimistic:
             outcome = self._call(self._decide_optimistically, plan, cost, now, lease, expires_at)
@@ -427,14 +385,14 @@ class RedisStore(Store):
 
     def _decide_optimistically(
         self, plan: RedisPlan, cost: float, now: float | None, lease: str | None, lease_until: float | None = None
-    ) -> Outcome:
+    ) -> Decision | Finding:
         """A plan with a plug-in rule that has no Lua twin: WATCH its keys, read every state,
         decide in Python (core.twophase, as the in-process store does), then write in
         MULTI/EXEC; if a key changed meanwhile, EXEC fails and the whole decision is made
         again. Costs 3 + n round trips, and retries under contention; a Lua decision costs
         one. `lease_until`: when the lease, a reservation's, must run out."""
 
-        def decide(slots: list[Slot], at: float, _: Any) -> tuple[Outcome, None]:
+        def decide(slots: list[Slot], at: float, _: Any) -> tuple[Decision | Finding, None]:
             if lease_until is None:
                 return twophase.decide(slots, cost, at, lease), None
             return twophase.reserve(slots, cost, at, lease, lease_until), None
@@ -580,28 +538,27 @@ class RedisStore(Store):
         return self.client.evalsha(self.lua.sha, keys, *keys_and_args)
 
     def _call(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
-        if self.breaker.open_until:
-            with self._lock:
-                allowed = self.breaker.allows()
-            if not allowed:
-                raise StoreUnavailable("Redis is unreachable; waiting before trying again")
+        """`function` through this store's breaker: StoreUnavailable at once while it is
+        open, and for any driver error, which it counts."""
+        breaker = self.breaker
+        if not breaker.allows():
+            raise StoreUnavailable("Redis is unreachable; waiting before trying again")
         try:
             result = function(*args, **kwargs)
         except RedisError as error:
             # Any driver error, not only a lost connection (out of memory, a read-only
             # replica, a server still loading), means this store cannot decide right now:
             # the limiter's fail modes handle it, and the breaker stops us insisting.
-            with self._lock:
-                self.breaker.failed()
+            breaker.failed()
             raise StoreUnavailable(f"Redis cannot decide: {error}") from error
         except BaseException:
-            with self._lock:
-                self.breaker.probing = False  # whatever happened, the next probe may go
+            breaker.interrupted()  # whatever happened, the next probe may go
             raise
-        if self.breaker.failures or self.breaker.probing:
-            with self._lock:
-                self.breaker.succeeded()
+        breaker.succeeded()
         return result
+
+    def health(self) -> list[Health]:
+        return [self.breaker.health(self.name)]
 
 
 def outcome_of(reply: Any) -> Finding:
