@@ -570,8 +570,8 @@ def ceiling(found: dict[str, Deployment], args) -> dict[str, list[dict]]:
     cluster_call, cluster_store = script_call(found["cluster"].url)
     single_call, single_store = script_call(found["single"].url)
     # The primary that owns the cluster call's slot: every run there uses the same keys.
-    node = cluster_store.client.get_node_from_key(os.fsdecode(cluster_call[3]))
-    primary = next(s for s in found["cluster"].primaries if s.port == node.port)
+    port = int(cluster_store.node_of(os.fsdecode(cluster_call[3])).rpartition(":")[2])
+    primary = next(s for s in found["cluster"].primaries if s.port == port)
     single = found["single"].primaries[0]
     keys_and_argument = cluster_call[2:]
     runs = {

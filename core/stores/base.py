@@ -152,3 +152,63 @@ class Store(Generic[PlanT]):
         its calls met so far: nothing is asked here. The default, for a store in this
         process: one part, up."""
         return [Health(name=self.name, state="up", down_since=None, failures=0)]
+
+
+class Wrapper(Store[PlanT]):
+    """A store in front of another, `inner`: every call goes to it, but those the wrapper
+    answers in its own way (a subclass overrides them)."""
+
+    def __init__(self, inner: Store[Any]) -> None:
+        self.inner = inner
+        self.clock = inner.clock
+        self.name = inner.name
+
+    def prepare(self, checks: Sequence[Check]) -> PlanT:
+        return self.inner.prepare(checks)
+
+    def decide(self, plan: PlanT, cost: float, now: float, lease: str | None) -> Decision | Finding:
+        return self.inner.decide(plan, cost, now, lease)
+
+    def decider(self, plan: PlanT) -> Callable[[float, float, str | None], Decision | Finding]:
+        return self.inner.decider(plan)
+
+    def decide_many(
+        self, items: Sequence[tuple[PlanT, float, float, str | None]]
+    ) -> list[Decision | Finding | StoreUnavailable]:
+        return self.inner.decide_many(items)
+
+    def explain(self, plan: PlanT, cost: float, now: float) -> list[tuple[float, float]]:
+        return self.inner.explain(plan, cost, now)
+
+    def inspect(self, plan: PlanT, now: float) -> list[dict]:
+        return self.inner.inspect(plan, now)
+
+    def release(self, plan: PlanT, now: float, lease: str) -> int:
+        return self.inner.release(plan, now, lease)
+
+    def reset(self, plan: PlanT) -> None:
+        self.inner.reset(plan)
+
+    def reserve(self, plan: PlanT, cost: float, now: float, lease: str | None, record: dict) -> Decision | Finding:
+        return self.inner.reserve(plan, cost, now, lease, record)
+
+    def reservation(self, reservation_id: str, now: float | None = None) -> dict | None:
+        return self.inner.reservation(reservation_id, now)
+
+    def settle(self, plan: PlanT, reservation_id: str, actual_cost: float | None, now: float) -> tuple[float, int]:
+        return self.inner.settle(plan, reservation_id, actual_cost, now)
+
+    def time(self) -> float:
+        return self.inner.time()
+
+    def new_reservation_id(self, plan: PlanT) -> str:
+        return self.inner.new_reservation_id(plan)
+
+    def ping(self) -> None:
+        self.inner.ping()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def health(self) -> list[Health]:
+        return self.inner.health()

@@ -1,5 +1,5 @@
-"""The Redis Cluster store: the Redis store's scripts, with a key layout that keeps every
-decision on one node.
+"""The Redis Cluster store: a router of Redis stores, one per primary, with a key layout that
+keeps every decision on one node.
 
 A Lua call may only touch keys of one hash slot, and a decision touches a key at every level.
 So every key of one decision carries the same hash tag, a shard id:
@@ -9,7 +9,8 @@ So every key of one decision carries the same hash tag, a shard id:
 - a level in `split` (the global level, by default) has one key for everybody, which would be
   one hot slot on one node. `global_mode` says how it is shared:
   - "lease" (the default, lease.py): one pool key, from which each process leases slices
-    and decides that level locally; its token buckets only (any other rule there is split);
+    and decides that level locally; leasable rules only (token buckets; any other rule
+    there is split);
   - "split": `shards` sub-buckets, one per shard, each with 1/shards of every scaled
     parameter (capacity, rate, watermark floor). A decision takes from its own shard's
     sub-bucket. The sum of the sub-buckets is the global limit, so it is never exceeded; the
@@ -22,62 +23,46 @@ teams (or with none) has a bucket for each. Shard by the user (`shard_by="user"`
 must be limited across teams; the team level then needs to be split too, or be the only
 level each decision names.
 
-Each shard has a circuit breaker of its own: when a node is unreachable, the decisions whose
-shard lives there get their levels' fail modes, and the other shards go on as before.
-MOVED and ASK redirects are followed by redis-py's cluster client; after a primary fails
-over, the client learns the new topology on the next error from the old one.
+`ClusterRouter` holds one RedisStore per primary, each with its own connections, circuit
+breaker and Lua library state, and sends every call (decisions, batches, reads, resets,
+reservations, the pools' leases, time, pings) to the store of the node that holds its slot,
+so through that node's breaker: when a node is unreachable, the decisions whose shard lives
+there get their levels' fail modes, and the other nodes go on as before. Which node holds a
+slot it learns from CLUSTER SHARDS (our own map, `SlotMap`), again after a node failed (so it
+finds the replica that took over) and one slot at a time from MOVED; ASK is followed for the
+one call. `ClusterStore` is the router, behind `LeasedBudgets` in lease mode.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, final
+from functools import partial
+from operator import methodcaller
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster, key_slot
-from redis.exceptions import (
-    AskError,
-    ConnectionError,
-    MovedError,
-    RedisClusterException,
-    RedisError,
-    ResponseError,
-    TimeoutError,
-)
+from redis.exceptions import AskError, MovedError, RedisError, ResponseError
 from redis.retry import Retry
 
-from ..buckets import bucket_state
-from ..decision import Decision, Finding, found
-from ..errors import ConfigError
-from .base import Check
-from .connections import bulk, held_connections
-from .lease import (
-    DEFAULT_FRACTION,
-    DEFAULT_INTERVAL,
-    LEASE_SCRIPT,
-    Budget,
-    LeasedPlan,
-    leasable,
-)
-from .redis import (
-    BATCH_TIMEOUT,
-    DEFAULT_TIMEOUT,
-    MAX_CONNECTIONS,
-    NOSCRIPT_TRIES,
-    CircuitBreaker,
-    RedisPlan,
-    RedisStore,
-    rule_tag,
-)
+from ..decision import Decision, Finding
+from ..errors import ConfigError, StoreUnavailable
+from ..reservations import new_reservation_id
+from .base import Check, Health, Store, Wrapper
+from .keeping import rule_tag
+from .lease import DEFAULT_FRACTION, DEFAULT_INTERVAL, LEASE_SCRIPT, LeasedBudgets
+from .library import LuaLibrary
+from .redis import BATCH_TIMEOUT, DEFAULT_TIMEOUT, MAX_CONNECTIONS, RedisPlan, RedisStore, redis_plan
 
 DEFAULT_SHARDS = 16
-# At most one topology refresh per this many seconds, per store.
+SLOTS = 16384
+# At most one topology refresh after a failure per this many seconds, per store.
 REFRESH_EVERY = 0.1
 # How a split level's limit is shared: sub-buckets per shard, or slices leased per process.
 # Lease is the default: as fast as the split (bench/cluster.py), and it lets the whole limit
@@ -85,68 +70,147 @@ REFRESH_EVERY = 0.1
 # 1/shards through (docs/SCALING.md).
 GLOBAL_MODES = ("split", "lease")
 
+T = TypeVar("T")
 
-@final  # so that `type(plan) is LeasedPlan` tells the two kinds of plan apart, for mypy too
-class ClusterPlan(RedisPlan):
-    """A plan on one shard, or, when nothing picks a shard, one plan per shard taken in turn."""
 
-    __slots__ = ("shard", "turns", "variants")
-    shard: int
-    turns: Iterator[int]
-    variants: list[ClusterPlan]
+class SlotMap:
+    """Which primary holds each of the 16,384 slots, as "host:port": from CLUSTER SHARDS (or,
+    on a server older than 7, CLUSTER SLOTS), asked of the first node that answers."""
 
-    def pick(self) -> ClusterPlan:
+    def __init__(self, startup: Sequence[tuple[str, int]], timeout: float) -> None:
+        self.owners: list[str | None] = [None] * SLOTS
+        self.timeout = timeout
+        self._ask = [f"{host}:{port}" for host, port in startup]  # whom to ask, known nodes first
+        self._lock = threading.Lock()
+        self._refreshed = -REFRESH_EVERY
+
+    def refresh(self, failed: str | None = None, wait: bool = False) -> bool:
+        """Read the slots again from a node that answers, `failed` last, unless another thread
+        is at it or did it in the last REFRESH_EVERY seconds; with `wait`, wait for the thread
+        at it, or read them now. Whether the slots were read."""
+        seen = self._refreshed
+        if not self._lock.acquire(blocking=wait):
+            return False
+        try:
+            if wait and self._refreshed != seen:
+                return True  # another thread read them while this one waited
+            if not wait and time.monotonic() - self._refreshed < REFRESH_EVERY:
+                return False
+            for node in sorted(self._ask, key=lambda name: name == failed):
+                ranges = self._read(node)
+                if ranges is None:
+                    continue
+                owners: list[str | None] = [None] * SLOTS
+                for start, end, owner in ranges:
+                    owners[start : end + 1] = [owner] * (end + 1 - start)
+                self.owners = owners
+                self._ask = list(dict.fromkeys([*self._ask, *(owner for _, _, owner in ranges)]))
+                return True
+            return False
+        finally:
+            self._refreshed = time.monotonic()
+            self._lock.release()
+
+    def moved(self, slot: int, owner: str) -> None:
+        """A node said that `slot` is held by `owner` now (MOVED)."""
+        self.owners[slot] = owner
+
+    def primaries(self) -> list[str]:
+        """The nodes that hold slots, each once."""
+        return list(dict.fromkeys(owner for owner in self.owners if owner is not None))
+
+    def _read(self, node: str) -> list[tuple[int, int, str]] | None:
+        """(first slot, last slot, primary) of every range, as `node` sees them; None if it
+        does not answer."""
+        host, _, port = node.rpartition(":")
+        client = redis.Redis(
+            host=host,
+            port=int(port),
+            socket_timeout=self.timeout,
+            socket_connect_timeout=self.timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+        try:
+            try:
+                return _shard_ranges(client.execute_command("CLUSTER", "SHARDS"))
+            except ResponseError:  # no CLUSTER SHARDS before Redis 7
+                return _slot_ranges(client.execute_command("CLUSTER", "SLOTS"))
+        except RedisError:
+            return None
+        finally:
+            client.close()
+
+
+def _fields(reply: Any) -> dict[str, Any]:
+    """A RESP map (RESP3) or flat list of names and values (RESP2), with text names."""
+    pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2])
+    return {name.decode() if isinstance(name, bytes) else name: value for name, value in pairs}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _shard_ranges(reply: list) -> list[tuple[int, int, str]]:
+    ranges = []
+    for entry in reply:
+        shard = _fields(entry)
+        nodes = [_fields(node) for node in shard["nodes"]]
+        primaries = [node for node in nodes if _text(node.get("role")) == "master"]
+        live = [node for node in primaries if _text(node.get("health")) == "online"] or primaries
+        if not live:
+            continue
+        node = live[0]
+        address = _text(node.get("endpoint") or node.get("ip"))
+        if address in ("", "?"):
+            address = _text(node.get("ip"))
+        owner = f"{address}:{int(node.get('port') or node.get('tls-port') or 0)}"
+        slots = shard["slots"]
+        ranges += [(int(slots[i]), int(slots[i + 1]), owner) for i in range(0, len(slots), 2)]
+    return ranges
+
+
+def _slot_ranges(reply: list) -> list[tuple[int, int, str]]:
+    return [(int(start), int(end), f"{_text(primary[0])}:{int(primary[1])}") for start, end, primary, *_ in reply]
+
+
+class ShardPlan:
+    """A plan on one shard: its keys, the Redis plan the node store runs, and the slot whose
+    node runs it; or, when nothing picks a shard, one such plan per shard, taken in turn."""
+
+    __slots__ = ("keys", "redis", "shard", "slot", "turns", "variants", "leased")
+
+    def __init__(self, plan: RedisPlan, shard: int, variants: list[ShardPlan] | None = None) -> None:
+        self.redis, self.shard, self.keys, self.leased = plan, shard, plan.keys, plan.leased
+        self.slot = key_slot(f"{{s{shard}}}".encode())
+        self.turns: Iterator[int] = itertools.count()
+        self.variants = variants or []
+
+    def pick(self) -> ShardPlan:
         return self.variants[next(self.turns) % len(self.variants)] if self.variants else self
 
 
-class ClusterStore(RedisStore):
-    """Rule state in a Redis Cluster; see the module's docstring for the key layout.
+class ClusterRouter(Store[ShardPlan]):
+    """The cluster's shards, each routed to the RedisStore of the primary that holds it (see
+    the module's docstring); every call goes through that store, and its breaker."""
 
-    Its plans are ClusterPlans, or LeasedPlans where a level's budget is leased: its methods
-    take only the plans it prepared, narrower than the Redis store's (hence the ignored
-    `override` errors: a store's plan is opaque to the limiter, which hands each store its own).
-    """
-
-    client: RedisCluster
-    batch_client: RedisCluster
+    clock = staticmethod(lambda: None)  # None: the scripts read the servers' TIME
 
     def __init__(
         self,
-        url: str | None = None,
-        client: RedisCluster | None = None,
+        url: str,
         prefix: str = "la",
         timeout: float = DEFAULT_TIMEOUT,
         shards: int = DEFAULT_SHARDS,
         shard_by: str = "team",
         split: Sequence[str] = ("global",),
-        breaker: CircuitBreaker | None = None,
         batch_timeout: float = BATCH_TIMEOUT,
-        global_mode: str = "lease",
-        lease_fraction: float = DEFAULT_FRACTION,
-        lease_interval: float = DEFAULT_INTERVAL,
-        lease_clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        check_options(shards, global_mode, lease_fraction, lease_interval)
-        if client is None:
-            client = connect_cluster(url or "", timeout)
-            # Batches read their answers on connections of their own, with a longer wait.
-            batch_client = connect_cluster(url or "", timeout, max(timeout, batch_timeout))
-        else:
-            batch_client = client
-        self._current = threading.local()  # the breaker of the shard this thread calls
-        super().__init__(client=client, prefix=prefix, timeout=timeout, breaker=breaker, batch_client=batch_client)
-        # Script calls go out as FCALL on connections held per node (_script), not through
-        # the cluster client's command path.
-        self._scripts_only = False
-        self._head = self._fcall_head
-        self._refreshing, self._refreshed = threading.Lock(), 0.0
+        self.slots = SlotMap(parse_cluster_url(url), timeout)
+        self.prefix, self.timeout, self.batch_timeout = prefix, timeout, batch_timeout
         self.shards, self.shard_by, self.split = shards, shard_by, frozenset(split)
-        self.breakers = [CircuitBreaker() for _ in range(shards)]
-        self.global_mode = global_mode
-        self.lease_fraction, self.lease_interval, self.lease_clock = lease_fraction, lease_interval, lease_clock
-        self.pool_breaker = CircuitBreaker()  # the leased pools' keys, wherever they live
-        self._budgets: dict[str, Budget] = {}
-        self._lease_script = client.register_script(LEASE_SCRIPT)
+        self._stores: dict[str, RedisStore] = {}
+        self._making = threading.Lock()
 
     # --- key layout ---------------------------------------------------------------------
 
@@ -156,24 +220,16 @@ class ClusterStore(RedisStore):
     def key_name(self, level: str, key: str, rule: Any, shard: int = 0) -> str:
         return f"{self.prefix}:{{s{shard}}}:{level}:{key}:{rule_tag(rule)}"
 
-    def prepare(self, checks: Sequence[Check]) -> ClusterPlan | LeasedPlan:  # type: ignore[override]
-        if self.global_mode == "lease":
-            leased = [i for i, c in enumerate(checks) if c.level in self.split and leasable(c)]
-            if leased:
-                return self._prepare_leased(checks, leased)
-        return self._prepare_split(checks)
-
-    def _prepare_split(self, checks: Sequence[Check]) -> ClusterPlan:
+    def prepare(self, checks: Sequence[Check]) -> ShardPlan:
         # One shard needs no scoping: everything is on it, as on a single Redis.
         owner = next((c.key for c in checks if c.level == self.shard_by), None) if self.shards > 1 else None
         by = owner or next((c.key for c in checks if c.level not in self.split), None)
         if by is not None:
             return self._prepare_on(checks, self.shard_of(by), owner)
-        plan = self._prepare_on(checks, 0, None)
-        plan.variants = [self._prepare_on(checks, shard, None) for shard in range(self.shards)]
-        return plan
+        variants = [self._prepare_on(checks, shard, None) for shard in range(self.shards)]
+        return ShardPlan(variants[0].redis, 0, variants)
 
-    def _prepare_on(self, checks: Sequence[Check], shard: int, owner: str | None) -> ClusterPlan:
+    def _prepare_on(self, checks: Sequence[Check], shard: int, owner: str | None) -> ShardPlan:
         """The plan on one shard: split levels' rules at 1/shards; the other levels' keys
         (users) scoped by the `shard_by` key (`owner`, their team) when there is one."""
         fraction = 1 / self.shards
@@ -183,9 +239,7 @@ class ClusterStore(RedisStore):
             else c
             for c in checks
         ]
-        base = super().prepare(local)
-        plan = ClusterPlan.__new__(ClusterPlan)
-        plan.keys = tuple(
+        keys = [
             self.key_name(
                 c.level,
                 c.key if owner is None or c.level in self.split or c.level == self.shard_by else f"{c.key}@{owner}",
@@ -193,327 +247,253 @@ class ClusterStore(RedisStore):
                 shard,
             )
             for c in checks
-        )
-        plan.key_count, plan.spec, plan.checks = base.key_count, base.spec, base.checks
-        plan.leased, plan.optimistic = base.leased, base.optimistic
-        plan.shard, plan.turns, plan.variants = shard, itertools.count(), []
-        return plan
+        ]
+        return ShardPlan(redis_plan(local, keys, f"{self.prefix}:{{s{shard}}}:reservation:"), shard)
 
-    # --- calls, each on its shard's breaker -------------------------------------------------
+    # --- the node stores ------------------------------------------------------------------
 
-    def decide(  # type: ignore[override]
-        self, plan: ClusterPlan | LeasedPlan, cost: float, now: float | None, lease: str | None
-    ) -> Decision | Finding:
-        if type(plan) is LeasedPlan:
-            return self._leased(plan, cost, now, lambda inner: self.decide(inner, cost, now, lease))
-        plan = plan.pick()
-        return self._on(plan.shard, super().decide, plan, cost, now, lease)
+    def node_of(self, key: str) -> str:
+        """The primary ("host:port") that holds `key`'s slot."""
+        return self._owner(key_slot(key.encode()))
 
-    def release(self, plan: ClusterPlan | LeasedPlan, now: float | None, lease: str) -> int:  # type: ignore[override]
-        if type(plan) is LeasedPlan:
-            return self.release(plan.inner, now, lease) if plan.leased else 0
-        return self._on(plan.shard, super().release, plan, now, lease)
+    def store_of(self, key: str) -> RedisStore:
+        """The store of the primary that holds `key`'s slot."""
+        return self._store(self.node_of(key))
 
-    def reserve(  # type: ignore[override]
-        self, plan: ClusterPlan | LeasedPlan, cost: float, now: float, lease: str | None, record: dict
-    ) -> Decision | Finding:
-        if type(plan) is LeasedPlan:
-            return self._leased(
-                plan, cost, now, lambda inner: self.reserve(inner, cost, now, lease, record), always=True
-            )
-        plan = self._variant(plan, record["id"])
-        return self._on(plan.shard, super().reserve, plan, cost, now, lease, record)
+    def _owner(self, slot: int) -> str:
+        owner = self.slots.owners[slot]
+        if owner is None:
+            self.slots.refresh(wait=True)  # the first call, or a slot no node held last time
+            owner = self.slots.owners[slot]
+            if owner is None:
+                raise StoreUnavailable(f"no node of the cluster holds slot {slot}")
+        return owner
 
-    def settle(  # type: ignore[override]
-        self, plan: ClusterPlan | LeasedPlan, reservation_id: str, actual_cost: float | None, now: float | None
-    ) -> tuple[float, int]:
-        if type(plan) is LeasedPlan:
-            delta, released = self.settle(plan.inner, reservation_id, actual_cost, now)
-            for _, budget in plan.budgets:  # as settle.lua: rules that count cost, by the difference
-                if not budget.counts_requests:
-                    budget.give(-delta)
-            return delta, released
-        plan = self._variant(plan, reservation_id)
-        return self._on(plan.shard, super().settle, plan, reservation_id, actual_cost, now)
+    def _store(self, node: str) -> RedisStore:
+        store = self._stores.get(node)
+        if store is None:
+            with self._making:
+                store = self._stores.get(node)
+                if store is None:
+                    store = self._stores[node] = RedisStore(
+                        url=f"redis://{node}/0",
+                        prefix=self.prefix,
+                        timeout=self.timeout,
+                        batch_timeout=self.batch_timeout,
+                        name=f"Redis Cluster node {node}",
+                        redirect=self._redirected,
+                    )
+        return store
 
-    def reservation(self, reservation_id: str, now: float | None = None) -> dict | None:
-        if _shard_of_id(reservation_id, self.shards) is None:
-            return None
-        return super().reservation(reservation_id, now)
-
-    def inspect(self, plan: ClusterPlan | LeasedPlan, now: float | None) -> list[dict]:  # type: ignore[override]
-        """A split level's key without a shard: every sub-bucket, added up (room and
-        capacity summed, the longest time to full). A leased one: its pool and this
-        process's slice."""
-        if type(plan) is LeasedPlan:
-            return self._with_budgets(
-                plan,
-                self.inspect(plan.inner, now) if plan.inner.keys else [],
-                lambda budget: self._pool_state(budget, now),
-            )
-        if not plan.variants:
-            return super().inspect(plan, now)
-        rows = [super(ClusterStore, self).inspect(variant, now) for variant in plan.variants]
-        return [_combine(states) for states in zip(*rows)]
-
-    def explain(  # type: ignore[override]
-        self, plan: ClusterPlan | LeasedPlan, cost: float, now: float | None
-    ) -> list[tuple[float, float]]:
-        if type(plan) is not LeasedPlan:
-            return super().explain(plan.pick(), cost, now)
-
-        def row(budget: Budget) -> tuple[float, float]:
-            room = self._pool_state(budget, now)["remaining"]
-            amount = 1.0 if budget.counts_requests else cost
-            return (0.0 if room >= amount else math.inf if amount > budget.capacity else budget.interval), room
-
-        return self._with_budgets(plan, self.explain(plan.inner, cost, now) if plan.inner.keys else [], row)
-
-    def reset(self, plan: ClusterPlan | LeasedPlan) -> None:  # type: ignore[override]
-        if type(plan) is LeasedPlan:
-            for _, budget in plan.budgets:
-                budget.allowance = 0.0
-                self._on_pools(self.client.delete, budget.key)
-            return self.reset(plan.inner)
-        for variant in plan.variants or [plan]:
-            super().reset(variant)
-
-    def client_for(self, key: str | None = None) -> Any:
-        """The plain client of the primary that holds `key`'s slot (any primary for none):
-        transactions, WATCH and multi-key reads, which the cluster client does not do."""
-        if key is None:
-            return self.client.get_redis_connection(self.client.get_random_node())
-        return self.client.get_redis_connection(self.client.get_node_from_key(key))
-
-    # --- the leased global budget (lease.py) ------------------------------------------------
-
-    def _prepare_leased(self, checks: Sequence[Check], leased: list[int]) -> LeasedPlan:
-        rest = [i for i in range(len(checks)) if i not in leased]
-        inner = self._prepare_split([checks[i] for i in rest])
-        budgets = []
-        for i in leased:
-            check = checks[i]
-            key = f"{self.prefix}:{{{check.level}:{check.key}}}:{rule_tag(check.rule)}:pool"
-            budget = self._budgets.get(key)
-            if budget is None:
-                budget = self._budgets.setdefault(
-                    key,
-                    Budget(key, check.rule, self._lease, self.lease_fraction, self.lease_interval, self.lease_clock),
-                )
-            budgets.append((i, budget))
-        return LeasedPlan(list(checks), budgets, inner, rest)
-
-    def _leased(
-        self, plan: LeasedPlan, cost: float, now: float | None, inner_call: Callable, always: bool = False
-    ) -> Decision | Finding:
-        """Take from every leased slice (denying at the first that cannot give), then let
-        Redis decide the other levels; a denial there, or an error, gives the slices back."""
-        taken: list[tuple[Budget, float]] = []
-        room = math.inf
+    def _on(self, slot: int, call: Callable[[RedisStore], T]) -> T:
+        """`call` on the store of the node that holds `slot`. When it fails, the slots are
+        read again (at most every REFRESH_EVERY seconds), so that the calls after it find a
+        replica that took over."""
+        node = self._owner(slot)
         try:
-            for index, budget in plan.budgets:
-                amount = 1.0 if budget.counts_requests else cost
-                ok, wait, left = self._on_pools(budget.take, amount, now)
-                if not ok:
-                    _give_back(taken)
-                    return found(index, wait, left)
-                taken.append((budget, amount))
-                room = min(room, left)
-            if not plan.inner.keys and not always:
-                return found(-1, 0.0, room)
-            outcome = inner_call(plan.inner)
-        except BaseException:
-            _give_back(taken)
+            return call(self._store(node))
+        except StoreUnavailable:
+            self.slots.refresh(failed=node)
             raise
-        if type(outcome) is not Decision and outcome[0] >= 0:
-            _give_back(taken)
-        return outcome if type(outcome) is Decision else plan.outcome(outcome)
 
-    def _lease(
-        self, key: str, now: float | None, capacity: float, rate: float, want: float, need: float, give_back: float
-    ) -> tuple[float, float, float]:
-        at = "-" if now is None else repr(now)
-        granted, pool, wait = self._lease_script(
-            keys=[key], args=[at, repr(capacity), repr(rate), repr(want), repr(need), repr(give_back)]
-        )
-        return float(granted), float(pool), float(wait)
+    def _redirected(
+        self, error: AskError, lua: LuaLibrary, keys: Sequence[str], tail: bytes, count: int, hops: int
+    ) -> Any:
+        """A call a node redirected: MOVED, the slot is the other node's now (and our map
+        learns it); ASK, the slot is on its way there (ASKING, for this call only)."""
+        node = f"{error.host}:{error.port}"
+        moved = isinstance(error, MovedError)
+        if moved:
+            self.slots.moved(error.slot_id, node)
+        return self._store(node).call_script(lua, keys, tail, count, asking=not moved, hops=hops)
 
-    def _pool_state(self, budget: Budget, now: float | None) -> dict:
-        """The pool as it is now (taking nothing), plus what is left of this process's slice."""
-        _, pool, _ = self._on_pools(self._lease, budget.key, now, budget.capacity, budget.rate, 0.0, 0.0, 0.0)
-        # The slice's allowance is below zero while a settled charge is in debt.
-        tokens = min(budget.capacity, pool + budget.allowance)
-        return {**bucket_state(tokens, budget.capacity, budget.rate), "leased": True}
+    # --- calls, each through the store of its shard's node -----------------------------------
 
-    def _with_budgets(self, plan: LeasedPlan, inner_rows: list, row: Callable) -> list:
-        rows: list = [None] * len(plan.checks)
-        for i, reading in zip(plan.inner_index, inner_rows):
-            rows[i] = reading
-        for i, budget in plan.budgets:
-            rows[i] = row(budget)
-        return rows
+    def decide(self, plan: ShardPlan, cost: float, now: float, lease: str | None) -> Decision | Finding:
+        plan = plan.pick()
+        return self._on(plan.slot, lambda store: store.decide(plan.redis, cost, now, lease))
 
-    def _on_pools(self, method: Callable, *args: Any) -> Any:
-        """`method` with the pools' breaker: a pool's node down fails leased levels only."""
-        self._current.breaker = self.pool_breaker
-        try:
-            return self._call(method, *args)
-        finally:
-            self._current.breaker = None
+    def decider(self, plan: ShardPlan) -> Callable[[float, float, str | None], Decision | Finding]:
+        """The node store's own decider (its command packed once), for the node that holds
+        the plan's slot at the time of each call."""
+        if plan.variants:
+            return partial(self.decide, plan)
+        redis_plan, slot, owners = plan.redis, plan.slot, self.slots
+        deciders: dict[str, Callable[[float, float, str | None], Decision | Finding]] = {}
 
-    # --- one call: FCALL on the node that holds the slot ------------------------------------
-
-    def _script(self, keys: Sequence[str], *args: str) -> Any:
-        """FCALL, packed, on a connection held for the primary that holds the keys' slot (as
-        the cluster client last saw the slots). A call that ran nothing is put right and sent
-        again: the library missing on that node (loaded there), or the slot moved (MOVED,
-        ASK: sent through the cluster client, which follows it and learns the new owner). A
-        node that cannot be reached makes the cluster client read the topology again, so
-        the next call finds the replica that took over."""
-        count = len(args)
-        tail = b"".join(bulk(arg.encode()) for arg in args)
-        command = (
-            b"*%d\r\n" % (3 + len(keys) + count)
-            + self._fcall_head
-            + bulk(b"%d" % len(keys))
-            + b"".join(bulk(key.encode()) for key in keys)
-            + tail
-        )
-        for attempt in range(NOSCRIPT_TRIES + 1):
+        def decide(cost: float, now: float, lease: str | None = None) -> Decision | Finding:
+            node = owners.owners[slot] or self._owner(slot)
+            decide_on = deciders.get(node)
+            if decide_on is None:
+                decide_on = deciders[node] = self._store(node).decider(redis_plan)
             try:
-                node = self._node_of(keys[0]) if keys else self.client.get_random_node()
-                connection = self.client.get_redis_connection(node)
-            except RedisClusterException as error:  # no node known for the slot: as if down
-                raise ConnectionError(f"no node for the keys' slot: {error}") from error
-            try:
-                return held_connections(connection.connection_pool).call(command)
-            except (MovedError, AskError):
-                return self._redirected(keys, args)
-            except ResponseError as error:
-                if attempt == NOSCRIPT_TRIES or not self._did_not_run(self._fcall_head, error):
-                    raise
-                self._put_right(self._fcall_head, error, connection)
-            except (ConnectionError, TimeoutError):
-                self._learn_topology(node.name)
+                return decide_on(cost, now, lease)
+            except StoreUnavailable:
+                owners.refresh(failed=node)
                 raise
 
-    def _redirected(self, keys: Sequence[str], args: Sequence[str]) -> Any:
-        """Through the cluster client, which follows MOVED and ASK; the node it lands on may
-        not have the library yet (it was loaded where calls went so far): load it on every
-        primary and call again (a call that found no function ran nothing)."""
-        for attempt in range(NOSCRIPT_TRIES + 1):
+        return decide
+
+    def decide_many(
+        self, items: Sequence[tuple[ShardPlan, float, float, str | None]]
+    ) -> list[Decision | Finding | StoreUnavailable]:
+        """Each node's share of the batch in one pipeline of its store (one round trip per
+        node), in order: decisions that share keys share a slot, so their order is kept. A
+        plan with no shard takes the next in turn."""
+        results: list = [None] * len(items)
+        by_node: dict[str, list[tuple[int, tuple]]] = {}
+        for i, (plan, cost, now, lease) in enumerate(items):
+            picked = plan.pick()
             try:
-                return self.client.execute_command("FCALL", self.function, len(keys), *keys, *args)
-            except ResponseError as error:
-                if attempt == NOSCRIPT_TRIES or not self._did_not_run(self._fcall_head, error):
-                    raise
-                self._put_right(self._fcall_head, error, self.client)  # on every primary
-
-    def _node_of(self, key: str) -> Any:
-        nodes = self.client.nodes_manager.slots_cache.get(key_slot(key.encode()))
-        return nodes[0] if nodes else self.client.get_node_from_key(key)
-
-    def _learn_topology(self, failed: str) -> None:
-        """Read the slots again from a node that answers, `failed` last (as redis-py does
-        after an error), unless another thread of this store is at it or did so in the last
-        REFRESH_EVERY seconds: the callers that fail meanwhile get their fail modes at once."""
-        if not self._refreshing.acquire(blocking=False):
-            return
-        try:
-            if time.monotonic() - self._refreshed < REFRESH_EVERY:
-                return
-            self.client.nodes_manager.initialize(last_failed_node_name=failed)
-        except (RedisError, RedisClusterException):
-            pass  # nothing answers: a later error tries again
-        finally:
-            self._refreshed = time.monotonic()
-            self._refreshing.release()
-
-    # --- batches: one pipeline per node ----------------------------------------------------
-
-    def decide_many(self, items: Sequence[tuple]) -> list:
-        """As on one Redis, with each plan that has no shard taking the next in turn. Leased
-        plans are decided alone, in their turn (their slices are local)."""
-        return super().decide_many(
-            [(plan if type(plan) is LeasedPlan else plan.pick(), *rest) for plan, *rest in items]
-        )
-
-    def _evalsha_many(self, calls: list[tuple[tuple, str]], client: Any = None) -> list:
-        """The cluster client does not pipeline scripts, so the batch is grouped by node and
-        each node's calls go down the single store's pipeline (FCALL, a missing library
-        loaded there and what did not run sent again) on that node's own connection, in
-        order (decisions that share keys share a slot, so their order is kept). One round
-        trip per node. A node that cannot be reached fails its own calls; a MOVED or ASK (a
-        slot moved since the topology was read) is sent again alone through the cluster
-        client, which follows it."""
-        answers: list = [None] * len(calls)
-        for node, entries in self._by_node(calls, answers).items():
-            try:
-                replies = super()._evalsha_many(
-                    [calls[i] for i in entries], self.batch_client.get_redis_connection(node)
-                )
-            except RedisError as error:
-                replies = [error] * len(entries)
-            for i, reply in zip(entries, replies):
-                if isinstance(reply, (MovedError, AskError)):
-                    try:
-                        reply = self._redirected(calls[i][0], (calls[i][1],))
-                    except RedisError as error:
-                        reply = error
-                answers[i] = reply
-        return answers
-
-    def _by_node(self, calls: list, answers: list) -> dict:
-        """The calls by the node that holds their slot, each node's in order."""
-        nodes: dict = {}
-        for i in range(len(calls)):
-            try:
-                node = self.batch_client.get_node_from_key(calls[i][0][0])
-            except RedisError as error:  # a slot no node covers now
-                answers[i] = error
+                node = self._owner(picked.slot)
+            except StoreUnavailable as error:
+                results[i] = error
                 continue
-            nodes.setdefault(node.name, (node, []))[1].append(i)
-        return {node: entries for node, entries in nodes.values()}
+            by_node.setdefault(node, []).append((i, (picked.redis, cost, now, lease)))
+        for node, entries in by_node.items():
+            outcomes = self._store(node).decide_many([item for _, item in entries])
+            if any(isinstance(outcome, StoreUnavailable) for outcome in outcomes):
+                self.slots.refresh(failed=node)
+            for (i, _), outcome in zip(entries, outcomes):
+                results[i] = outcome
+        return results
+
+    def explain(self, plan: ShardPlan, cost: float, now: float) -> list[tuple[float, float]]:
+        plan = plan.pick()
+        return self._on(plan.slot, lambda store: store.explain(plan.redis, cost, now))
+
+    def inspect(self, plan: ShardPlan, now: float) -> list[dict]:
+        """A split level's key without a shard: every sub-bucket, added up (room and
+        capacity summed, the longest time to full)."""
+        if not plan.variants:
+            return self._on(plan.slot, lambda store: store.inspect(plan.redis, now))
+        rows = [self._on(v.slot, methodcaller("inspect", v.redis, now)) for v in plan.variants]
+        return [_combine(states) for states in zip(*rows)]
+
+    def release(self, plan: ShardPlan, now: float, lease: str) -> int:
+        return self._on(plan.slot, lambda store: store.release(plan.redis, now, lease))
+
+    def reset(self, plan: ShardPlan) -> None:
+        for variant in plan.variants or [plan]:
+            self._on(variant.slot, methodcaller("reset", variant.redis))
 
     # --- reservations: the id names its shard, so that its record lives with its keys ------
 
-    def new_reservation_id(self, plan: ClusterPlan | LeasedPlan) -> str:  # type: ignore[override]
-        inner = plan.inner if type(plan) is LeasedPlan else plan
-        return f"{super().new_reservation_id(inner)}.{inner.pick().shard}"
+    def new_reservation_id(self, plan: ShardPlan) -> str:
+        return f"{new_reservation_id()}.{plan.pick().shard}"
 
-    def reservation_key(self, reservation_id: str) -> str:
+    def reserve(self, plan: ShardPlan, cost: float, now: float, lease: str | None, record: dict) -> Decision | Finding:
+        plan = self._variant(plan, record["id"])
+        return self._on(plan.slot, lambda store: store.reserve(plan.redis, cost, now, lease, record))
+
+    def settle(self, plan: ShardPlan, reservation_id: str, actual_cost: float | None, now: float) -> tuple[float, int]:
+        plan = self._variant(plan, reservation_id)
+        return self._on(plan.slot, lambda store: store.settle(plan.redis, reservation_id, actual_cost, now))
+
+    def reservation(self, reservation_id: str, now: float | None = None) -> dict | None:
         shard = _shard_of_id(reservation_id, self.shards)
-        return f"{self.prefix}:{{s{shard}}}:reservation:{reservation_id}"
+        if shard is None:
+            return None
+        key = f"{self.prefix}:{{s{shard}}}:reservation:{reservation_id}"
+        return self._on(key_slot(key.encode()), lambda store: store.record(key, now))
 
-    def _variant(self, plan: ClusterPlan, reservation_id: str) -> ClusterPlan:
+    def _variant(self, plan: ShardPlan, reservation_id: str) -> ShardPlan:
         shard = _shard_of_id(reservation_id, self.shards)
         if plan.variants and shard is not None:
             return plan.variants[shard]
         return plan
 
-    # --- the shard's breaker stands in for the store's while a call runs ------------------
+    # --- the rest --------------------------------------------------------------------------
+
+    def run_script(self, key: str, args: Sequence[Any], source: str = LEASE_SCRIPT) -> Any:
+        """A Lua script on the node that holds `key` (a leased budget's pool), through its
+        store's breaker."""
+        return self._on(key_slot(key.encode()), lambda store: store.run_script(source, [key], args))
+
+    def time(self) -> float:
+        """The time of the first primary that answers."""
+        return self._first(lambda store: store.time())
+
+    def ping(self) -> None:
+        """Every primary must answer."""
+        failures = []
+        for node in self._primaries():
+            try:
+                self._store(node).ping()
+            except StoreUnavailable as error:
+                failures.append(f"{node}: {error}")
+        if failures:
+            raise StoreUnavailable("; ".join(failures))
+
+    def health(self) -> list[Health]:
+        """One part per primary."""
+        return [part for node in self._primaries() for part in self._store(node).health()]
+
+    def close(self) -> None:
+        for store in list(self._stores.values()):
+            store.close()
+
+    def _primaries(self) -> list[str]:
+        if not any(self.slots.owners):
+            self.slots.refresh(wait=True)
+        return self.slots.primaries()
+
+    def _first(self, call: Callable[[RedisStore], T]) -> T:
+        failure = StoreUnavailable("no node of the cluster answers")
+        for node in self._primaries():
+            try:
+                return call(self._store(node))
+            except StoreUnavailable as error:
+                failure = error
+        raise failure
+
+
+class ClusterStore(Wrapper[Any]):
+    """Rule state in a Redis Cluster: the router of its shards (ClusterRouter), behind the
+    split levels' leased budgets (LeasedBudgets) in lease mode; see the module's docstring."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        prefix: str = "la",
+        timeout: float = DEFAULT_TIMEOUT,
+        shards: int = DEFAULT_SHARDS,
+        shard_by: str = "team",
+        split: Sequence[str] = ("global",),
+        batch_timeout: float = BATCH_TIMEOUT,
+        global_mode: str = "lease",
+        lease_fraction: float = DEFAULT_FRACTION,
+        lease_interval: float = DEFAULT_INTERVAL,
+        lease_clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        check_options(shards, global_mode, lease_fraction, lease_interval)
+        self.router = ClusterRouter(url or "", prefix, timeout, shards, shard_by, split, batch_timeout)
+        self.global_mode = global_mode
+        self.leases: LeasedBudgets | None = None
+        if global_mode == "lease":
+            self.leases = LeasedBudgets(
+                self.router,
+                self.router.run_script,
+                self.router.split,
+                prefix,
+                lease_fraction,
+                lease_interval,
+                lease_clock,
+            )
+        super().__init__(self.leases or self.router)
 
     @property
-    def breaker(self) -> CircuitBreaker:
-        return getattr(self._current, "breaker", None) or self._breaker
+    def shards(self) -> int:
+        return self.router.shards
 
-    @breaker.setter
-    def breaker(self, value: CircuitBreaker) -> None:
-        self._breaker = value
+    def shard_of(self, key: str) -> int:
+        return self.router.shard_of(key)
 
-    def _on(self, shard: int, method: Callable, *args: Any) -> Any:
-        """`method` with this shard's breaker as `self.breaker`: a dead node opens the
-        breakers of its own shards only."""
-        self._current.breaker = self.breakers[shard]
-        try:
-            return method(*args)
-        finally:
-            self._current.breaker = None
+    def node_of(self, key: str) -> str:
+        return self.router.node_of(key)
 
-
-def _give_back(taken: list) -> None:
-    for budget, amount in taken:
-        budget.give(amount)
+    def store_of(self, key: str) -> RedisStore:
+        return self.router.store_of(key)
 
 
 def _combine(states: Sequence[dict]) -> dict:
@@ -568,7 +548,8 @@ def parse_cluster_url(url: str) -> list[tuple[str, int]]:
 
 def connect_cluster(url: str, timeout: float = DEFAULT_TIMEOUT, read_timeout: float | None = None) -> RedisCluster:
     """A cluster client from `redis-cluster://host:port[,host:port...]` that gives up fast:
-    `timeout` to connect, `read_timeout` (default: `timeout`) for an answer."""
+    `timeout` to connect, `read_timeout` (default: `timeout`) for an answer. (The store routes
+    its own calls; the denial statistics use this client.)"""
     nodes = [ClusterNode(host, port) for host, port in parse_cluster_url(url)]
     return RedisCluster(
         startup_nodes=nodes,

@@ -1,10 +1,15 @@
 """The wire of the Redis store's script calls: commands packed in advance (RESP) and sent on
-connections held out of a redis-py pool, rather than through redis-py's command path.
+connections held out of a redis-py pool, rather than through redis-py's command path. Every
+byte the store packs by hand is packed here.
 
 redis-py 8.1 spends about 20 us around every command: the pool's checkout and release (a
 lock, a poll of the socket, telemetry hooks), the retry wrapper and the encoder. A call here
 costs a deque pop and append, a write and a read. The pool still makes, connects and
 configures every connection (timeouts, TLS, authentication, the hand-shake).
+
+The packing is RESP2's array of bulk strings, byte for byte what redis-py's own packer sends
+(tests/core/test_connections.py compares them; checked against redis-py 8.1.0 with hiredis
+3.5.0, and its pure-Python packer).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -27,6 +32,27 @@ IDLE_CHECK = 0.001
 def bulk(data: bytes) -> bytes:
     """One RESP bulk string."""
     return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+def command(*parts: bytes) -> bytes:
+    """A whole command: an array of bulk strings."""
+    return b"*%d\r\n" % len(parts) + b"".join(bulk(part) for part in parts)
+
+
+def script_call_start(name: bytes, script: bytes, keys: Sequence[str], arguments: int) -> bytes:
+    """A script call (`FCALL function` or `EVALSHA sha`) up to its keys, for `arguments`
+    arguments to follow, each a `bulk()`."""
+    return (
+        b"*%d\r\n" % (3 + len(keys) + arguments)
+        + bulk(name)
+        + bulk(script)
+        + bulk(b"%d" % len(keys))
+        + b"".join(bulk(key.encode()) for key in keys)
+    )
+
+
+# Sent before a call that a cluster node redirected with ASK (the slot is on its way there).
+ASKING = command(b"ASKING")
 
 
 class HeldConnections:
@@ -48,8 +74,10 @@ class HeldConnections:
         self.clock = clock
         self.idle: deque = deque()  # (connection, when it went idle), the latest last
 
-    def call(self, command: bytes) -> Any:
-        """Send `command` (RESP, packed) and read its reply; raise what redis-py raises."""
+    def call(self, command: bytes, replies: int = 1) -> Any:
+        """Send `command` (RESP, packed: one command, or `replies` of them in a row) and read
+        every reply; return the last, or raise the first error reply, or what redis-py
+        raises."""
         try:
             connection, since = self.idle.pop()
         except IndexError:
@@ -58,9 +86,18 @@ class HeldConnections:
             if since is not None and self.clock() - since > IDLE_CHECK:
                 _make_ready(connection)
             connection.send_packed_command((command,))
-            return connection.read_response()
+            refused = None
+            for _ in range(replies - 1):
+                try:
+                    connection.read_response()
+                except ResponseError as error:
+                    refused = refused or error
+            reply = connection.read_response()
+            if refused is not None:
+                raise refused
+            return reply
         except ResponseError:
-            raise  # a whole reply was read: the connection is ready for the next call
+            raise  # every reply was read: the connection is ready for the next call
         except BaseException:
             # Whatever stopped us (redis-py has disconnected on its own errors), a reply
             # to this command may still come: it must never be read as another's answer.
@@ -120,4 +157,4 @@ def _forget_held_connections() -> None:
 os.register_at_fork(after_in_child=_forget_held_connections)
 
 
-__all__ = ["IDLE_CHECK", "HeldConnections", "bulk", "held_connections"]
+__all__ = ["ASKING", "IDLE_CHECK", "HeldConnections", "bulk", "command", "held_connections", "script_call_start"]

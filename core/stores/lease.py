@@ -12,8 +12,13 @@ while the sum over processes still has room, and a process that dies holding a s
 it (never more than one slice). A decision's other levels still go to Redis in one script
 call; a denial there gives the tokens back to the local slice, so a denial takes nothing.
 
-Only plain token buckets (and GCRA) at the leased levels, with no priority reserve and no
-shadow flag, are leased; any other rule there stays a sub-bucket (see cluster.py).
+Only rules whose twin says they are leasable (token buckets, GCRA) at the leased levels,
+with no priority reserve and no shadow flag, are leased; any other rule there goes to the
+store behind, where a cluster keeps it as sub-buckets (see cluster.py).
+
+`LeasedBudgets` is that: a store in front of another (a cluster's router), which decides the
+leased checks on this process's Budgets and hands the rest to the store behind; each pool is
+called through the node store that holds its key, and so through that node's breaker.
 """
 
 from __future__ import annotations
@@ -21,11 +26,16 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any, final
+from typing import Any
 
-from ..decision import found
+from ..buckets import bucket_state
+from ..decision import Decision, Finding, found
+from ..errors import StoreUnavailable
+from .base import Check, Wrapper
+from .keeping import rule_tag
 
 LEASE_SCRIPT = (Path(__file__).parent / "lua" / "lease.lua").read_text()
 DEFAULT_FRACTION = 0.02  # of the capacity per slice: 50 slices make the whole budget
@@ -86,22 +96,196 @@ class Budget:
             self.allowance += amount
 
 
-@final  # see ClusterPlan
 class LeasedPlan:
-    """A plan whose leasable checks are decided on Budgets and the rest (`inner`, maybe None)
-    on Redis. `budgets`: (index among the checks, Budget); `inner_index`: each inner check's
-    index among the checks. Batches decide it alone, in its turn (`optimistic`)."""
+    """A plan whose leased checks are decided on Budgets and the rest (`inner`) by the store
+    behind. `budgets`: (index among the checks, Budget); `inner_index`: each inner check's
+    index among the checks."""
 
-    optimistic = True
+    __slots__ = ("checks", "budgets", "inner", "inner_index", "keys", "leased")
 
-    def __init__(self, checks: list, budgets: list, inner: Any, inner_index: list[int]) -> None:
-        self.checks, self.budgets, self.inner, self.inner_index = checks, budgets, inner, inner_index
-        self.leased = bool(inner is not None and inner.leased)
-        self.keys = inner.keys if inner is not None else ()
-        self.key_count = len(self.keys)
+    def __init__(
+        self, checks: Sequence[Check], budgets: list[tuple[int, Budget]], inner: Any, inner_index: list[int]
+    ) -> None:
+        self.checks, self.budgets, self.inner, self.inner_index = list(checks), budgets, inner, inner_index
+        self.keys: tuple[str, ...] = inner.keys  # the inner plan's, on its shard
+        self.leased: bool = inner.leased
 
-    def outcome(self, inner: Any) -> Any:
+    def outcome(self, inner: Decision | Finding) -> Decision | Finding:
         """The inner plan's outcome with its indices turned into this plan's."""
+        if type(inner) is Decision:
+            return inner
         blocker, wait, remaining, shadows = inner
         index = self.inner_index
         return found(index[blocker] if blocker >= 0 else -1, wait, remaining, tuple(index[i] for i in shadows))
+
+    def rows(self, inner_rows: list, row: Callable[[Budget], Any]) -> list:
+        """One row per check, in order: the inner plan's rows, and `row(budget)` for each
+        leased check."""
+        rows: list = [None] * len(self.checks)
+        for i, reading in zip(self.inner_index, inner_rows):
+            rows[i] = reading
+        for i, budget in self.budgets:
+            rows[i] = row(budget)
+        return rows
+
+
+# Runs lua/lease.lua on the node that holds the pool: (pool key, keys, arguments) -> reply.
+PoolCall = Callable[[str, Sequence[Any]], Any]
+
+
+class LeasedBudgets(Wrapper[LeasedPlan]):
+    """The leased checks of `levels` on this process's slices of pools in the store behind;
+    everything else handed to that store. `pools(key, args)` runs lua/lease.lua on a pool."""
+
+    def __init__(
+        self,
+        inner: Any,
+        pools: PoolCall,
+        levels: frozenset[str],
+        prefix: str,
+        fraction: float = DEFAULT_FRACTION,
+        interval: float = DEFAULT_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(inner)
+        self.pools, self.levels, self.prefix = pools, levels, prefix
+        self.fraction, self.interval, self.lease_clock = fraction, interval, clock
+        self.budgets: dict[str, Budget] = {}  # by pool key: one per pool in this process
+
+    def prepare(self, checks: Sequence[Check]) -> LeasedPlan:
+        leased = [i for i, check in enumerate(checks) if check.level in self.levels and leasable(check)]
+        rest = [i for i in range(len(checks)) if i not in leased]
+        inner = self.inner.prepare([checks[i] for i in rest])
+        return LeasedPlan(checks, [(i, self._budget(checks[i])) for i in leased], inner, rest)
+
+    def _budget(self, check: Check) -> Budget:
+        key = f"{self.prefix}:{{{check.level}:{check.key}}}:{rule_tag(check.rule)}:pool"
+        budget = self.budgets.get(key)
+        if budget is None:
+            made = Budget(key, check.rule, self._lease, self.fraction, self.interval, self.lease_clock)
+            budget = self.budgets.setdefault(key, made)
+        return budget
+
+    def _lease(
+        self, key: str, now: float | None, capacity: float, rate: float, want: float, need: float, give_back: float
+    ) -> tuple[float, float, float]:
+        at = "-" if now is None else repr(now)
+        granted, pool, wait = self.pools(key, [at, repr(capacity), repr(rate), repr(want), repr(need), repr(give_back)])
+        return float(granted), float(pool), float(wait)
+
+    # --- decisions --------------------------------------------------------------------------
+
+    def decide(self, plan: LeasedPlan, cost: float, now: float, lease: str | None) -> Decision | Finding:
+        return self._take(plan, cost, now, lambda inner: self.inner.decide(inner, cost, now, lease))
+
+    def decider(self, plan: LeasedPlan) -> Callable[[float, float, str | None], Decision | Finding]:
+        if not plan.budgets:  # nothing leased: the store behind decides it, indices and all
+            return self.inner.decider(plan.inner)
+        return partial(self.decide, plan)
+
+    def reserve(self, plan: LeasedPlan, cost: float, now: float, lease: str | None, record: dict) -> Decision | Finding:
+        return self._take(plan, cost, now, lambda inner: self.inner.reserve(inner, cost, now, lease, record), True)
+
+    def decide_many(
+        self, items: Sequence[tuple[LeasedPlan, float, float, str | None]]
+    ) -> list[Decision | Finding | StoreUnavailable]:
+        """The plans with nothing leased in one batch of the store behind, between those with
+        leased checks, each decided alone in its turn (their slices are in this process)."""
+        results: list = [None] * len(items)
+        batch: list[int] = []
+        for i, (plan, cost, now, lease) in enumerate(items):
+            if not plan.budgets:
+                batch.append(i)
+                continue
+            self._decide_batch(items, batch, results)
+            batch = []
+            try:
+                results[i] = self.decide(plan, cost, now, lease)
+            except StoreUnavailable as error:
+                results[i] = error
+        self._decide_batch(items, batch, results)
+        return results
+
+    def _decide_batch(
+        self, items: Sequence[tuple[LeasedPlan, float, float, str | None]], batch: list[int], results: list
+    ) -> None:
+        if batch:
+            inner = self.inner.decide_many([(items[i][0].inner, *items[i][1:]) for i in batch])
+            for i, outcome in zip(batch, inner):
+                results[i] = outcome
+
+    def _take(
+        self, plan: LeasedPlan, cost: float, now: float | None, inner_call: Callable, always: bool = False
+    ) -> Any:
+        """Take from every leased slice (denying at the first that cannot give), then let the
+        store behind decide the other levels; a denial there, or an error, gives the slices
+        back. `always`: ask the store behind even with no check of its own (a reservation's
+        record goes there)."""
+        taken: list[tuple[Budget, float]] = []
+        room = math.inf
+        try:
+            for index, budget in plan.budgets:
+                amount = 1.0 if budget.counts_requests else cost
+                ok, wait, left = budget.take(amount, now)
+                if not ok:
+                    _give_back(taken)
+                    return found(index, wait, left)
+                taken.append((budget, amount))
+                room = min(room, left)
+            if not plan.inner.keys and not always:
+                return found(-1, 0.0, room)
+            outcome = inner_call(plan.inner)
+        except BaseException:
+            _give_back(taken)
+            raise
+        if type(outcome) is not Decision and outcome[0] >= 0:
+            _give_back(taken)
+        return plan.outcome(outcome)
+
+    # --- the rest ---------------------------------------------------------------------------
+
+    def release(self, plan: LeasedPlan, now: float, lease: str) -> int:
+        return self.inner.release(plan.inner, now, lease) if plan.leased else 0
+
+    def settle(self, plan: LeasedPlan, reservation_id: str, actual_cost: float | None, now: float) -> tuple[float, int]:
+        delta, released = self.inner.settle(plan.inner, reservation_id, actual_cost, now)
+        for _, budget in plan.budgets:  # as the Lua's settle: rules that count cost, by the difference
+            if not budget.counts_requests:
+                budget.give(-delta)
+        return delta, released
+
+    def new_reservation_id(self, plan: LeasedPlan) -> str:
+        return self.inner.new_reservation_id(plan.inner)
+
+    def explain(self, plan: LeasedPlan, cost: float, now: float) -> list[tuple[float, float]]:
+        def row(budget: Budget) -> tuple[float, float]:
+            room = self._pool_state(budget, now)["remaining"]
+            amount = 1.0 if budget.counts_requests else cost
+            return (0.0 if room >= amount else math.inf if amount > budget.capacity else budget.interval), room
+
+        return plan.rows(self.inner.explain(plan.inner, cost, now) if plan.inner.keys else [], row)
+
+    def inspect(self, plan: LeasedPlan, now: float) -> list[dict]:
+        """A leased check: its pool and this process's slice."""
+        rows = self.inner.inspect(plan.inner, now) if plan.inner.keys else []
+        return plan.rows(rows, lambda budget: self._pool_state(budget, now))
+
+    def reset(self, plan: LeasedPlan) -> None:
+        for _, budget in plan.budgets:
+            budget.allowance = 0.0
+            # A pool reset is a pool given back everything: it is full again.
+            self._lease(budget.key, None, budget.capacity, budget.rate, 0.0, 0.0, budget.capacity)
+        if plan.inner.keys:
+            self.inner.reset(plan.inner)
+
+    def _pool_state(self, budget: Budget, now: float | None) -> dict:
+        """The pool as it is now (taking nothing), plus what is left of this process's slice."""
+        _, pool, _ = self._lease(budget.key, now, budget.capacity, budget.rate, 0.0, 0.0, 0.0)
+        # The slice's allowance is below zero while a settled charge is in debt.
+        tokens = min(budget.capacity, pool + budget.allowance)
+        return {**bucket_state(tokens, budget.capacity, budget.rate), "leased": True}
+
+
+def _give_back(taken: list[tuple[Budget, float]]) -> None:
+    for budget, amount in taken:
+        budget.give(amount)

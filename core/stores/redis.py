@@ -1,25 +1,29 @@
 """The Redis store: rule state in Redis, one atomic Lua call per decision.
 
-Every built-in rule has a Lua twin in `lua/` doing the same arithmetic on the same doubles,
-so a decision on Redis is the decision the in-process store would make. One script call
-checks every rule of every level and takes from all or none: one round trip per decision,
+Every built-in rule has a Lua twin (core/twins.py) doing the same arithmetic on the same
+doubles, so a decision on Redis is the decision the in-process store would make. One script
+call checks every rule of every level and takes from all or none: one round trip per decision,
 atomic across every worker and machine that shares the Redis.
 
 The clock is the Redis server's `TIME` unless one is injected, so machines with skewed
 clocks agree. Every key has a prefix, a hash tag and a TTL (see `key_name`).
 
-The Lua is a Redis 7 function library, loaded once (`FUNCTION LOAD`) and called with `FCALL`
-packed in advance on connections held per pool (connections.py); its name carries a hash of
-its source, so deployments of different code share a Redis without calling each other's. A
-server that lost it (a restart without persistence, `FUNCTION FLUSH`) answers that the
-function is not found, without running anything: the store loads it and calls again. A
-Redis older than 7 gets the same Lua as a script (EVALSHA, reloaded after NOSCRIPT), and so
-does a client that is not a plain redis-py one (the cluster's).
+The Lua is a Redis 7 function library (stores/library.py), loaded once (`FUNCTION LOAD`) and
+called with `FCALL` packed in advance on connections held per pool (connections.py); a plan
+names the library that holds its rules' twins. A server that lost it (a restart without
+persistence, `FUNCTION FLUSH`) answers that the function is not found, without running
+anything: the store loads it and calls again. A Redis older than 7 gets the same Lua as a
+script (EVALSHA, reloaded after NOSCRIPT).
+
+A plan with a plug-in rule that has no twin is decided optimistically: WATCH, the two phases
+in Python (core/twophase.py), MULTI/EXEC.
 
 When Redis cannot be reached, calls fail within the socket timeouts (50 ms by default) and
 raise StoreUnavailable; the limiter then applies each level's fail mode. A circuit breaker
-stops paying the timeout on every call while Redis is down, and tries again with backoff
-(at most every half second, so decisions are back on Redis within a second of its return).
+(breaker.py) stops paying the timeout on every call while Redis is down, and tries again with
+backoff (at most every half second, so decisions are back on Redis within a second of its
+return). A store on a cluster node (cluster.py makes one per primary) hands the calls that the
+node redirects (MOVED, ASK) to its `redirect`.
 """
 
 from __future__ import annotations
@@ -32,14 +36,13 @@ import math
 import random
 import threading
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
-from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisError, ResponseError, WatchError
+from redis.commands.core import Script
+from redis.exceptions import AskError, NoScriptError, RedisError, ResponseError, WatchError
 from redis.retry import Retry
 
 from .. import twophase
@@ -50,7 +53,8 @@ from ..rules import Rule
 from ..twophase import Slot
 from .base import Check, Health, Store
 from .breaker import CircuitBreaker
-from .connections import HeldConnections, bulk, held_connections
+from .connections import ASKING, bulk, held_connections, script_call_start
+from .keeping import decode_record, decode_state, read_state, record_fields, rule_tag, write_state
 from .library import LuaLibrary, current_library, lua_body, lua_source
 
 NOSCRIPT_TRIES = 3
@@ -66,105 +70,92 @@ BATCH_TIMEOUT = 1.0
 MAX_CONNECTIONS = 10_000
 # How long an optimistic decision keeps trying while other clients keep changing its keys.
 OPTIMISTIC_DEADLINE = 1.0
+# How many redirects in a row a call follows before it gives up (a slot moving as we call).
+MOST_REDIRECTS = 5
 
-
-# What every FCALL starts with, whatever function it calls.
-FCALL = bulk(b"FCALL")
+# A cluster's way with a redirected call: (the MOVED or ASK reply, the call's library, keys,
+# packed arguments and their number, redirects so far) -> the reply of the node it names.
+Redirect = Callable[[AskError, LuaLibrary, Sequence[str], bytes, int, int], Any]
 
 
 class RedisPlan:
-    """One key set, resolved: key names, the rules as the script reads them (`spec`), and
-    whether a plug-in rule with no Lua twin sends it down the optimistic path."""
+    """One key set, resolved: key names, the library that holds its rules' twins and the
+    rules as its script reads them (`spec`), where its reservation records go, and whether
+    a plug-in rule with no twin sends it down the optimistic path."""
 
-    __slots__ = ("keys", "key_count", "spec", "checks", "leased", "optimistic")
+    __slots__ = ("keys", "spec", "checks", "leased", "optimistic", "lua", "records")
 
-    def __init__(self, keys: list[str], spec: str, checks: Sequence[Check], optimistic: bool) -> None:
-        self.keys, self.spec, self.checks = tuple(keys), spec, list(checks)
-        self.key_count = len(keys)
+    def __init__(
+        self, keys: Sequence[str], spec: str, checks: Sequence[Check], lua: LuaLibrary, records: str, optimistic: bool
+    ) -> None:
+        self.keys, self.spec, self.checks, self.lua, self.records = tuple(keys), spec, list(checks), lua, records
         self.leased = any(check.rule.leased for check in checks)
         self.optimistic = optimistic
 
 
+def redis_plan(checks: Sequence[Check], keys: Sequence[str], records: str) -> RedisPlan:
+    """The plan of `checks` whose states live under `keys` (and its reservations' records
+    under `records` + id): one call of the Lua when every rule has a twin in the library of
+    the rules registered now, else the optimistic path."""
+    lua = current_library()
+    twins = [check.rule.redis_twin for check in checks]
+    if any(twin is None or twin.name not in lua.twins for twin in twins):
+        return RedisPlan(keys, "", checks, lua, records, optimistic=True)
+    spec = "".join(
+        f" {twin.name} {float(floor)!r} {'1' if rule.counts_requests else '0'} {'1' if rule.shadow else '0'}"
+        f" {twin.arguments(rule)}"
+        for (_, _, rule, floor), twin in zip(checks, twins)
+        if twin is not None
+    )
+    return RedisPlan(keys, spec, checks, lua, records, optimistic=False)
+
+
 class RedisStore(Store[RedisPlan]):
-    """Rule state in Redis. Give it a client (Django passes django-redis's) or a URL."""
+    """Rule state in one Redis. Give it a client (Django passes django-redis's) or a URL."""
 
     clock = staticmethod(lambda: None)  # None: the script reads the server's TIME
 
-    client: redis.Redis | RedisCluster
-    batch_client: redis.Redis | RedisCluster
-
     def __init__(
         self,
-        client: redis.Redis | RedisCluster | None = None,
+        client: redis.Redis | None = None,
         url: str | None = None,
         prefix: str = "la",
         timeout: float = DEFAULT_TIMEOUT,
         breaker: CircuitBreaker | None = None,
-        batch_client: redis.Redis | RedisCluster | None = None,
+        batch_client: redis.Redis | None = None,
         key_format: str = "compact",
         name: str = "Redis",
+        batch_timeout: float = BATCH_TIMEOUT,
+        redirect: Redirect | None = None,
     ) -> None:
         if key_format not in KEY_FORMATS:
             raise ConfigError(f"must be one of {', '.join(KEY_FORMATS)}, not {key_format!r}", "key_format")
-        self.key_format = key_format
-        self.name = name
+        self.key_format, self.prefix, self.name, self.redirect = key_format, prefix, name, redirect
         url = url or "redis://127.0.0.1:6379/0"
         self.client = client if client is not None else connect(url, timeout)
         # Batches read their answers on a client of their own, with a longer read timeout.
         if batch_client is None and client is None:
-            batch_client = connect(url, timeout, read_timeout=max(timeout, BATCH_TIMEOUT))
+            batch_client = connect(url, timeout, read_timeout=max(timeout, batch_timeout))
         self.batch_client = batch_client if batch_client is not None else self.client
-        self.prefix = prefix
         self.breaker = breaker or CircuitBreaker()
-        # A plain client's calls go out on held connections; another kind of client (a
-        # cluster's) gets EVALSHA through its own methods, as it routes them.
-        self._held: HeldConnections | None = None
-        if isinstance(self.client, redis.Redis) and hasattr(self.client, "connection_pool"):
-            self._held = held_connections(self.client.connection_pool)
+        self._held = held_connections(self.client.connection_pool)
         # FCALL until the server says it has no such command (Redis 6): then EVALSHA.
-        self._scripts_only = self._held is None
-        self._use(current_library())
+        self._scripts_only = False
+        self._records = f"{prefix}:reservation:"
+        self._scripts: dict[str, Script] = {}
         self._turns = [threading.Lock() for _ in range(64)]
-
-    def _use(self, lua: LuaLibrary) -> None:
-        """Call `lua` from now on, by FCALL or, on a server without functions, EVALSHA."""
-        self.lua = lua
-        self._fcall_head = FCALL + bulk(lua.function.encode())
-        self._evalsha_head = bulk(b"EVALSHA") + bulk(lua.sha.encode())
-        self._head = self._evalsha_head if self._scripts_only else self._fcall_head
 
     @property
     def library(self) -> str:
-        """The name of the function library this store calls."""
-        return self.lua.name
-
-    @property
-    def function(self) -> str:
-        return self.lua.function
+        """The name of the function library this store's new plans call."""
+        return current_library().name
 
     @property
     def library_source(self) -> str:
-        return self.lua.source
+        return current_library().source
 
     def prepare(self, checks: Sequence[Check]) -> RedisPlan:
-        return self.plan(checks, [self.key_name(level, key, rule) for level, key, rule, _ in checks])
-
-    def plan(self, checks: Sequence[Check], keys: Sequence[str]) -> RedisPlan:
-        """The plan of `checks` whose states live under `keys`: one call of the Lua when
-        every rule has a twin in the library, else the optimistic path."""
-        twins = [check.rule.redis_twin for check in checks]
-        names = {twin.name for twin in twins if twin is not None}
-        if not names <= self.lua.twins:
-            self._use(current_library())  # a rule with a twin registered since: its Lua too
-        if None in twins or not names <= self.lua.twins:
-            return RedisPlan(list(keys), "", checks, optimistic=True)
-        spec = "".join(
-            f" {twin.name} {float(floor)!r} {'1' if rule.counts_requests else '0'} {'1' if rule.shadow else '0'}"
-            f" {twin.arguments(rule)}"
-            for (_, _, rule, floor), twin in zip(checks, twins)
-            if twin is not None
-        )
-        return RedisPlan(list(keys), spec, checks, optimistic=False)
+        return redis_plan(checks, [self.key_name(level, key, rule) for level, key, rule, _ in checks], self._records)
 
     def key_name(self, level: str, key: str, rule: Rule) -> str:
         """Compact (the default): `prefix{digest}`, 10 characters of a hash of the level, the
@@ -178,25 +169,26 @@ class RedisStore(Store[RedisPlan]):
         digest = hashlib.blake2b(f"{level}\0{key}\0{rule.rule_id}".encode(), digest_size=8).digest()
         return f"{self.prefix}{{{base64.urlsafe_b64encode(digest)[:10].decode()}}}"
 
+    # --- decisions --------------------------------------------------------------------------
+
     def decide(self, plan: RedisPlan, cost: float, now: float | None, lease: str | None) -> Decision | Finding:
         if plan.optimistic:
             return self._call(self._decide_optimistically, plan, cost, now, lease)
         argument = f"{'-' if now is None else repr(now)} {cost!r} {lease or '-'} decide{plan.spec}"
-        return outcome_of(self._call(self._script, plan.keys, argument))
+        return outcome_of(self._call(self._script, plan.lua, plan.keys, argument))
 
     def decider(self, plan: RedisPlan) -> Callable[[float, float, str | None], Decision | Finding]:
         """A plan's decision on held connections: its command is packed once, but for the
         argument that changes; an allowed decision with no shadow rule in the way comes
         back as the Decision itself."""
-        if self._held is None or plan.optimistic or type(self).decide is not RedisStore.decide:
+        if plan.optimistic:
             return super().decider(plan)
-        keys, spec, call = plan.keys, f" decide{plan.spec}".encode(), self._call
-        packed: dict[bytes, bytes] = {}
-        fcall = self._fcall
+        lua, keys, spec, call, fcall = plan.lua, plan.keys, f" decide{plan.spec}".encode(), self._call, self._fcall
+        packed: dict[bool, bytes] = {}
 
         def decide(cost: float, now: float | None, lease: str | None = None) -> Decision | Finding:
             argument = f"{'-' if now is None else repr(now)} {cost!r} {lease or '-'}".encode() + spec
-            reply = call(fcall, keys, b"$%d\r\n%s\r\n" % (len(argument), argument), 1, packed)
+            reply = call(fcall, lua, keys, bulk(argument), 1, packed)
             if reply.__class__ is not list and lease is None:
                 return allowed(float(reply))
             return outcome_of(reply)
@@ -209,7 +201,7 @@ class RedisStore(Store[RedisPlan]):
         if plan.optimistic:
             return self._call(self._release_optimistically, plan, now, lease)
         argument = f"{'-' if now is None else repr(now)} 0 {lease} release{plan.spec}"
-        return int(self._call(self._script, plan.keys, argument)[0])
+        return int(self._call(self._script, plan.lua, plan.keys, argument)[0])
 
     def decide_many(
         self, items: Sequence[tuple[RedisPlan, float, float | None, str | None]]
@@ -217,7 +209,7 @@ class RedisStore(Store[RedisPlan]):
         """Every Lua decision of the batch in one pipeline (one round trip), in order. A plan
         on the optimistic path is decided on its own, in its turn, between pipelines."""
         results: list = [None] * len(items)
-        batch: list[tuple[int, tuple, str]] = []
+        batch: list[tuple[int, LuaLibrary, tuple, str]] = []
         for i, (plan, cost, now, lease) in enumerate(items):
             if plan.optimistic:
                 self._decide_pipelined(batch, results)
@@ -228,69 +220,78 @@ class RedisStore(Store[RedisPlan]):
                     results[i] = error
             else:
                 at = "-" if now is None else repr(now)
-                batch.append((i, plan.keys, f"{at} {cost!r} {lease or '-'} decide{plan.spec}"))
+                batch.append((i, plan.lua, plan.keys, f"{at} {cost!r} {lease or '-'} decide{plan.spec}"))
         self._decide_pipelined(batch, results)
         return results
 
-    def _decide_pipelined(self, batch: list[tuple[int, tuple, str]], results: list) -> None:
+    def _decide_pipelined(self, batch: list[tuple[int, LuaLibrary, tuple, str]], results: list) -> None:
         if not batch:
             return
         try:
-            answers = self._call(self._evalsha_many, [(keys, argument) for _, keys, argument in batch])
+            answers = self._call(self._script_many, [call for _, *call in batch])
         except StoreUnavailable as error:
             for i, *_ in batch:
                 results[i] = error
             return
         failed = False
         for (i, *_), answer in zip(batch, answers):
-            if isinstance(answer, Exception):  # that one did not run; the others counted
+            if isinstance(answer, StoreUnavailable):  # redirected, and the node it named could not
+                results[i] = answer
+            elif isinstance(answer, Exception):  # that one did not run; the others counted
                 results[i], failed = StoreUnavailable(f"Redis cannot decide: {answer}"), True
             else:
                 results[i] = outcome_of(answer)
         if failed:
             self.breaker.failed()
 
-    def _evalsha_many(self, calls: list[tuple[tuple, str]], client: redis.Redis | RedisCluster | None = None) -> list:
-        """One script call per (keys, argument), pipelined on `client` (the batch client by
-        default): one round trip; FCALL, or EVALSHA on a server without functions. The calls
-        that did not run (the library or script was missing, or FCALL unknown) are sent
-        again, in order, once that is put right; those that ran are never sent twice. Errors
-        come back in the list."""
-        client = client if client is not None else self.batch_client
+    def _script_many(self, calls: list[tuple[LuaLibrary, tuple, str]]) -> list:
+        """One script call per (library, keys, argument), pipelined on the batch client: one
+        round trip; FCALL, or EVALSHA on a server without functions. The calls that did not
+        run (the library or script was missing, or FCALL unknown) are sent again, in order,
+        once that is put right; those that ran are never sent twice; those a cluster node
+        redirected go where it says. Errors come back in the list."""
         answers: list = [None] * len(calls)
         pending = list(range(len(calls)))
         for attempt in range(NOSCRIPT_TRIES + 1):
-            head = self._head
-            lua = self.lua
-            command = ("FCALL", lua.function) if head.startswith(FCALL) else ("EVALSHA", lua.sha)
-            with client.pipeline(transaction=False) as pipe:
+            scripts_only = self._scripts_only
+            with self.batch_client.pipeline(transaction=False) as pipe:
                 for i in pending:
-                    keys, argument = calls[i]
-                    pipe.execute_command(*command, len(keys), *keys, argument)
+                    lua, keys, argument = calls[i]
+                    name, script = ("EVALSHA", lua.sha) if scripts_only else ("FCALL", lua.function)
+                    pipe.execute_command(name, script, len(keys), *keys, argument)
                 replies = pipe.execute(raise_on_error=False)
             missing = []
             for i, reply in zip(pending, replies):
+                if isinstance(reply, AskError):  # MovedError too: a cluster node's slot is elsewhere
+                    reply = self._follow(reply, *calls[i])
                 answers[i] = reply
-                if isinstance(reply, ResponseError) and self._did_not_run(head, reply):
+                if isinstance(reply, ResponseError) and self._did_not_run(scripts_only, reply):
                     missing.append(i)
             if not missing or attempt == NOSCRIPT_TRIES:
                 break
-            self._put_right(head, answers[missing[0]], client)
+            self._put_right(calls[missing[0]][0], scripts_only, answers[missing[0]])
             pending = missing
         return answers
+
+    def _follow(self, error: AskError, lua: LuaLibrary, keys: Sequence[str], argument: str) -> Any:
+        """A batch's redirected call, sent alone where the node said; its failure as a reply."""
+        try:
+            return self._redirected(error, lua, keys, bulk(argument.encode()), 1, 0)
+        except StoreUnavailable as failure:
+            return failure
 
     # --- reservations: a hash per record, with a TTL -------------------------------------
 
     def reservation_key(self, reservation_id: str) -> str:
         """`prefix:reservation:id`: the record of one reservation."""
-        return f"{self.prefix}:reservation:{reservation_id}"
+        return self._records + reservation_id
 
     def time(self) -> float:
         seconds, micros = self._call(self.client.time)
         return seconds + micros / 1_000_000
 
     def reserve(self, plan: RedisPlan, cost: float, now: float, lease: str | None, record: dict) -> Decision | Finding:
-        key, expires_at = self.reservation_key(record["id"]), record["expires_at"]
+        key, expires_at = plan.records + record["id"], record["expires_at"]
         if plan.optimistic:
             outcome = self._call(self._decide_optimistically, plan, cost, now, lease, expires_at)
             if outcome[0] < 0:  # a second call: the record, written once the take is done
@@ -300,19 +301,24 @@ class RedisStore(Store[RedisPlan]):
             return outcome
         argument = f"{now!r} {cost!r} {lease or '-'} reserve{plan.spec}"
         fields = [part for pair in record_fields(record, ()).items() for part in pair]
-        return outcome_of(self._call(self._script, (*plan.keys, key), argument, repr(expires_at), *fields))
+        return outcome_of(self._call(self._script, plan.lua, (*plan.keys, key), argument, repr(expires_at), *fields))
 
     def _write_record(self, key: str, fields: dict, ttl: int) -> None:
-        with self.client_for(key).pipeline(transaction=True) as pipe:
+        with self.client.pipeline(transaction=True) as pipe:
             pipe.hset(key, mapping=fields)
             pipe.pexpire(key, ttl)
             pipe.execute()
 
     def reservation(self, reservation_id: str, now: float | None = None) -> dict | None:
+        return self.record(self.reservation_key(reservation_id), now)
+
+    def record(self, key: str, now: float | None = None) -> dict | None:
+        """The reservation record kept at `key`; None when there is none, or it expired."""
+
         def read() -> list:
-            with self.client_for(self.reservation_key(reservation_id)).pipeline(transaction=False) as pipe:
+            with self.client.pipeline(transaction=False) as pipe:
                 pipe.time()
-                pipe.hgetall(self.reservation_key(reservation_id))
+                pipe.hgetall(key)
                 return pipe.execute()
 
         (seconds, micros), raw = self._call(read)
@@ -323,7 +329,7 @@ class RedisStore(Store[RedisPlan]):
     def settle(
         self, plan: RedisPlan, reservation_id: str, actual_cost: float | None, now: float | None
     ) -> tuple[float, int]:
-        key = self.reservation_key(reservation_id)
+        key = plan.records + reservation_id
         if plan.optimistic:
             answer = self._call(self._settle_optimistically, plan, key, actual_cost, now)
         else:
@@ -331,68 +337,90 @@ class RedisStore(Store[RedisPlan]):
                 f"{'-' if now is None else repr(now)} "
                 f"{'-' if actual_cost is None else repr(actual_cost)} - settle{plan.spec}"
             )
-            answer = self._call(self._script, (*plan.keys, key), argument)
+            answer = self._call(self._script, plan.lua, (*plan.keys, key), argument)
         if answer[0] == b"missing":
             raise ReservationNotFound(f"no reservation {reservation_id!r} (unknown or expired)")
         if answer[0] == b"settled":
             raise ReservationSettled(f"reservation {reservation_id!r} is already {answer[1].decode()}")
         return float(answer[2]), int(answer[1])
 
+    # --- reads, and the rest ----------------------------------------------------------------
+
     def explain(self, plan: RedisPlan, cost: float, now: float | None) -> list[tuple[float, float]]:
-        now, states = self._read(plan, now)
-        rows = []
-        for check, state in zip(plan.checks, states):
-            amount = 1.0 if check.rule.counts_requests else cost
-            rows.append((check.rule.wait(state, now, amount, check.floor), check.rule.remaining(state, now)))
-        return rows
+        at, _, slots = self._call(self._read, plan, now)
+        return twophase.explain(slots, cost, at)
 
     def inspect(self, plan: RedisPlan, now: float | None) -> list[dict]:
-        now, states = self._read(plan, now)
-        return [check.rule.inspect(state, now) for check, state in zip(plan.checks, states)]
+        at, _, slots = self._call(self._read, plan, now)
+        return twophase.inspect(slots, at)
 
     def reset(self, plan: RedisPlan) -> None:
         if plan.keys:
             self._call(self.client.delete, *plan.keys)
 
     def close(self) -> None:
-        if self._held is not None:
-            self._held.close()
+        self._held.close()
         self.client.close()
         if self.batch_client is not self.client:
             self.batch_client.close()
 
-    def client_for(self, key: str | None = None) -> redis.Redis | RedisCluster:
-        """The client that reaches `key`'s server: transactions, WATCH and reads of several
-        keys go there (one server here; the node that holds the key's slot on a cluster)."""
-        return self.client
-
     def ping(self) -> None:
         self._call(self.client.ping)  # within the timeout; at once while the breaker is open
 
-    def _read(self, plan: RedisPlan, now: float | None, pipe: Any = None) -> tuple[float, list]:
-        """Every check's state, read in one round trip and decoded into the Python rule's
-        own shape, so that explain() and inspect() reuse the rules' Python code. With a
-        pipeline that WATCHes, the reads go out one by one (that is how WATCH works)."""
-        reader = pipe if pipe is not None else self.client_for(*plan.keys[:1]).pipeline(transaction=True)
+    def health(self) -> list[Health]:
+        return [self.breaker.health(self.name)]
+
+    def run_script(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Another Lua script on this server (EVALSHA, loaded when missing), through this
+        store's breaker: a cluster's leased budgets call their pools so."""
+        script = self._scripts.get(source)
+        if script is None:
+            script = self._scripts.setdefault(source, self.client.register_script(source))
+        return self._call(script, keys=list(keys), args=list(args))
+
+    def call_script(
+        self, lua: LuaLibrary, keys: Sequence[str], tail: bytes, count: int, asking: bool = False, hops: int = 0
+    ) -> Any:
+        """One call of `lua` with `keys` and `tail`, its `count` arguments packed (`bulk`),
+        through this store's breaker; after ASKING when `asking` (a slot on its way to this
+        node). A cluster sends here the calls another node redirected."""
+        return self._call(self._fcall, lua, keys, tail, count, {}, asking, hops)
+
+    def _read(
+        self, plan: RedisPlan, now: float | None, pipe: Any = None
+    ) -> tuple[float, twophase.WrittenTable, list[Slot]]:
+        """Every check's state, read in one round trip (or, on a pipeline that WATCHes, one
+        by one, as WATCH works) and decoded into its rule's own shape, as slots: explain,
+        inspect and the optimistic path run the rules' Python code on them."""
+        reader = pipe if pipe is not None else self.client.pipeline(transaction=True)
         results = [reader.time()]
         for key, check in zip(plan.keys, plan.checks):
             results.append(read_state(reader, key, check.rule))
         if pipe is None:
-            results = self._call(reader.execute)
+            results = reader.execute()
         (seconds, micros), *raw = results
         now = seconds + micros / 1_000_000 if now is None else now
-        return now, [decode_state(check.rule, value) for check, value in zip(plan.checks, raw)]
+        table = twophase.WrittenTable(
+            {key: decode_state(check.rule, value) for key, check, value in zip(plan.keys, plan.checks, raw)}
+        )
+        slots = [
+            Slot(c.rule, table, key, c.floor, c.rule.shadow, c.rule.counts_requests)
+            for c, key in zip(plan.checks, plan.keys)
+        ]
+        return now, table, slots
+
+    # --- the optimistic path of plug-in rules without a twin -----------------------------
 
     def _decide_optimistically(
         self, plan: RedisPlan, cost: float, now: float | None, lease: str | None, lease_until: float | None = None
-    ) -> Decision | Finding:
-        """A plan with a plug-in rule that has no Lua twin: WATCH its keys, read every state,
-        decide in Python (core.twophase, as the in-process store does), then write in
-        MULTI/EXEC; if a key changed meanwhile, EXEC fails and the whole decision is made
-        again. Costs 3 + n round trips, and retries under contention; a Lua decision costs
-        one. `lease_until`: when the lease, a reservation's, must run out."""
+    ) -> Finding:
+        """WATCH the plan's keys, read every state, decide in Python (core.twophase, as the
+        in-process store does), then write in MULTI/EXEC; if a key changed meanwhile, EXEC
+        fails and the whole decision is made again. Costs 3 + n round trips, and retries under
+        contention; a Lua decision costs one. `lease_until`: when the lease, a reservation's,
+        must run out."""
 
-        def decide(slots: list[Slot], at: float, _: Any) -> tuple[Decision | Finding, None]:
+        def decide(slots: list[Slot], at: float, _: Any) -> tuple[Finding, None]:
             if lease_until is None:
                 return twophase.decide(slots, cost, at, lease), None
             return twophase.reserve(slots, cost, at, lease, lease_until), None
@@ -408,8 +436,8 @@ class RedisStore(Store[RedisPlan]):
     def _settle_optimistically(
         self, plan: RedisPlan, record_key: str, actual_cost: float | None, now: float | None
     ) -> list:
-        """settle.lua's steps in Python, for a plan with a plug-in rule: the record is
-        watched with the rules' keys, and marked settled in the same MULTI/EXEC."""
+        """The Lua's settle in Python, for a plan with a plug-in rule: the record is watched
+        with the rules' keys, and marked settled in the same MULTI/EXEC."""
 
         def settle(slots: list[Slot], at: float, raw: dict) -> tuple[list, dict | None]:
             record = decode_record(raw) if raw else None
@@ -439,7 +467,7 @@ class RedisStore(Store[RedisPlan]):
         `work`), read every state, let `work` change them, and write back in MULTI/EXEC
         the states it changed (and the record's fields it returns)."""
         deadline = time.monotonic() + OPTIMISTIC_DEADLINE
-        with self.client_for(*plan.keys[:1]).pipeline(transaction=True) as pipe:
+        with self.client.pipeline(transaction=True) as pipe:
             for attempt in itertools.count():
                 if attempt and time.monotonic() > deadline:
                     break
@@ -448,12 +476,7 @@ class RedisStore(Store[RedisPlan]):
                 try:
                     pipe.watch(*plan.keys, *([record_key] if record_key else []))
                     record = pipe.hgetall(record_key) if record_key else None
-                    at, states = self._read(plan, now, pipe)
-                    table = twophase.WrittenTable(dict(zip(plan.keys, states)))
-                    slots = [
-                        Slot(c.rule, table, key, c.floor, c.rule.shadow, c.rule.counts_requests)
-                        for c, key in zip(plan.checks, plan.keys)
-                    ]
+                    at, table, slots = self._read(plan, now, pipe)
                     result, fields = work(slots, at, record)
                     pipe.multi()
                     # What the two phases wrote, and only that, goes back: a denial writes
@@ -473,76 +496,84 @@ class RedisStore(Store[RedisPlan]):
                     continue
         raise StoreUnavailable(f"Redis keys kept changing for {OPTIMISTIC_DEADLINE} s")
 
-    def _script(self, keys: Sequence[str], *args: str) -> Any:
-        """One call of the Lua on `keys` with `args`: FCALL on a held connection, or, for
-        a client that is not a plain one, EVALSHA through its own method."""
-        if self._held is None:
-            return self._evalsha(*keys, *args, keys=len(keys))
-        return self._fcall(keys, b"".join(bulk(arg.encode()) for arg in args), len(args), {})
+    # --- one script call ------------------------------------------------------------------
 
-    def _fcall(self, keys: Sequence[str], tail: bytes, count: int, packed: dict) -> Any:
-        """Send the command: the head (FCALL and the function, or EVALSHA and the sha),
-        `keys`, then `tail`, the `count` arguments packed. `packed` keeps the command up to
-        `tail` by head, for the next call with the same keys. A call that ran nothing
+    def _script(self, lua: LuaLibrary, keys: Sequence[str], *args: str) -> Any:
+        """One call of `lua` on `keys` with `args`, on a held connection."""
+        return self._fcall(lua, keys, b"".join(bulk(arg.encode()) for arg in args), len(args), {})
+
+    def _fcall(
+        self,
+        lua: LuaLibrary,
+        keys: Sequence[str],
+        tail: bytes,
+        count: int,
+        packed: dict[bool, bytes],
+        asking: bool = False,
+        hops: int = 0,
+    ) -> Any:
+        """Send the call: FCALL of `lua`'s function (EVALSHA of its script on a server without
+        functions), `keys`, then `tail`, the `count` arguments packed. `packed` keeps the
+        command up to `tail`, for the next call with the same keys. A call that ran nothing
         because the library (or script) was missing, or FCALL is unknown, is put right and
-        sent again: it cannot count a decision twice."""
+        sent again: it cannot count a decision twice. A call redirected by a cluster node
+        (MOVED, ASK), which ran nothing either, goes to `redirect`."""
         held = self._held
-        assert held is not None, "only a plain client's calls go out on held connections"
         for attempt in range(NOSCRIPT_TRIES + 1):
-            head = self._head
-            start = packed.get(head)
+            scripts_only = self._scripts_only
+            start = packed.get(scripts_only)
             if start is None:
-                start = packed[head] = (
-                    b"*%d\r\n" % (3 + len(keys) + count)
-                    + head
-                    + bulk(b"%d" % len(keys))
-                    + b"".join(bulk(key.encode()) for key in keys)
-                )
+                if scripts_only:
+                    start = script_call_start(b"EVALSHA", lua.sha.encode(), keys, count)
+                else:
+                    start = script_call_start(b"FCALL", lua.function.encode(), keys, count)
+                packed[scripts_only] = start
             try:
+                if asking:
+                    return held.call(ASKING + start + tail, 2)
                 return held.call(start + tail)
+            except AskError as error:  # MovedError is one too
+                return self._redirected(error, lua, keys, tail, count, hops)
             except ResponseError as error:
-                if attempt == NOSCRIPT_TRIES or not self._did_not_run(head, error):
+                if attempt == NOSCRIPT_TRIES or not self._did_not_run(scripts_only, error):
                     raise
-                self._put_right(head, error, self.client)
+                self._put_right(lua, scripts_only, error)
 
-    def _did_not_run(self, head: bytes, error: ResponseError) -> bool:
-        """Whether `error`, the answer to a call with `head`, says that nothing ran because
-        what it calls is missing from the server."""
-        if head.startswith(FCALL):
-            return str(error).startswith(("Function not found", "unknown command"))
-        return isinstance(error, NoScriptError)
+    def _redirected(
+        self, error: AskError, lua: LuaLibrary, keys: Sequence[str], tail: bytes, count: int, hops: int
+    ) -> Any:
+        if self.redirect is None:
+            raise StoreUnavailable(f"{self.name} answered {error}: a cluster node (a redis-cluster:// URL reaches one)")
+        if hops >= MOST_REDIRECTS:
+            raise StoreUnavailable(f"the keys' slot kept moving ({hops} redirects)")
+        return self.redirect(error, lua, keys, tail, count, hops + 1)
 
-    def _put_right(self, head: bytes, error: ResponseError, client: redis.Redis | RedisCluster) -> None:
+    @staticmethod
+    def _did_not_run(scripts_only: bool, error: ResponseError) -> bool:
+        """Whether `error`, the answer to a call, says that nothing ran because what it calls
+        is missing from the server."""
+        if scripts_only:
+            return isinstance(error, NoScriptError)
+        return str(error).startswith(("Function not found", "unknown command"))
+
+    def _put_right(self, lua: LuaLibrary, scripts_only: bool, error: ResponseError) -> None:
         """Load what was missing; on a server without functions, go over to EVALSHA."""
-        lua = self.lua
-        if not head.startswith(FCALL):
-            client.script_load(lua.script)
+        if scripts_only:
+            self.client.script_load(lua.script)
         elif str(error).startswith("unknown command"):
-            client.script_load(lua.script)
+            self.client.script_load(lua.script)
             self._scripts_only = True
-            self._head = self._evalsha_head
         else:
             # REPLACE: two processes loading the same library at once must both succeed;
             # the name holds the source's hash, so what it replaces is the same code.
-            client.execute_command("FUNCTION", "LOAD", "REPLACE", lua.source)
-
-    def _evalsha(self, *keys_and_args: str, keys: int) -> Any:
-        """One EVALSHA; a server that lost its script cache (restart, SCRIPT FLUSH) answers
-        NOSCRIPT without running anything, so loading the script and calling again cannot
-        count a decision twice."""
-        for _ in range(NOSCRIPT_TRIES):
-            try:
-                return self.client.evalsha(self.lua.sha, keys, *keys_and_args)
-            except NoScriptError:  # flushed again between our load and our call: load again
-                self.client.script_load(self.lua.script)
-        return self.client.evalsha(self.lua.sha, keys, *keys_and_args)
+            self.client.execute_command("FUNCTION", "LOAD", "REPLACE", lua.source)
 
     def _call(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
         """`function` through this store's breaker: StoreUnavailable at once while it is
         open, and for any driver error, which it counts."""
         breaker = self.breaker
         if not breaker.allows():
-            raise StoreUnavailable("Redis is unreachable; waiting before trying again")
+            raise StoreUnavailable(f"{self.name} is unreachable; waiting before trying again")
         try:
             result = function(*args, **kwargs)
         except RedisError as error:
@@ -556,9 +587,6 @@ class RedisStore(Store[RedisPlan]):
             raise
         breaker.succeeded()
         return result
-
-    def health(self) -> list[Health]:
-        return [self.breaker.health(self.name)]
 
 
 def outcome_of(reply: Any) -> Finding:
@@ -583,98 +611,13 @@ def connect(url: str, timeout: float = DEFAULT_TIMEOUT, read_timeout: float | No
     )
 
 
-def redis_type(rule: Rule) -> str:
-    """How a rule's state is kept: as its twin says; a rule without one as a JSON string."""
-    twin = rule.redis_twin
-    return twin.redis_type if twin is not None else "string"
-
-
-def read_state(pipe: Any, key: str, rule: Rule) -> Any:
-    """Queue the read of a rule's state, by the Redis type it is kept as."""
-    kind = redis_type(rule)
-    if kind == "list":
-        return pipe.lrange(key, 0, -1)
-    if kind == "zset":
-        return pipe.zrange(key, 0, -1, withscores=True)
-    return pipe.get(key)
-
-
-def write_state(pipe: Any, key: str, rule: Rule, state: Any, now: float) -> None:
-    """Queue the writes that keep `state` in Redis as its twin encodes it (its Lua reads the
-    same), with a TTL until it goes idle plus a second; a rule without a twin as JSON."""
-    ttl = max(1000, math.ceil((state[0] - now) * 1000) + 1000)
-    twin = rule.redis_twin
-    if twin is None:  # its state tuple as JSON, so its fields must be JSON values
-        pipe.set(key, json.dumps(list(state)), px=ttl)
-        return
-    value = twin.encode(rule, state)
-    if twin.redis_type == "string":
-        pipe.set(key, value, px=ttl)
-        return
-    pipe.delete(key)
-    if value:
-        if twin.redis_type == "list":
-            pipe.rpush(key, *value)
-        else:
-            pipe.zadd(key, value)
-        pipe.pexpire(key, ttl)
-
-
-def decode_state(rule: Rule, raw: Any) -> Any:
-    """A rule's state as read from Redis, in the shape its Python code expects; None for none."""
-    if raw is None or raw == [] or raw == b"":
-        return None
-    twin = rule.redis_twin
-    return twin.decode(rule, raw) if twin is not None else tuple(json.loads(raw))
-
-
-# The record's fields that hold JSON; `lease` and `status` are plain text, as Lua reads them.
-_RECORD_JSON = ("id", "keys", "cost", "priority", "taken_at", "expires_at", "hold", "actual_cost")
-
-
-def record_fields(record: dict, untaken: Sequence[str]) -> dict:
-    """A reservation's record as the fields of its hash: JSON values, the lease as text
-    ('' for none), status open, and an `untaken:<state key>` field per shadow rule that
-    would have denied (it took nothing, so settling must not give anything back to it)."""
-    fields = {name: json.dumps(value) for name, value in record.items() if name in _RECORD_JSON}
-    fields.update({"lease": record["lease"] or "", "status": OPEN})
-    fields.update({f"untaken:{key}": "1" for key in untaken})
-    return fields
-
-
-def decode_record(raw: dict) -> dict:
-    """A record's hash, as read back, in the shape `reservation()` returns."""
-    fields = {name.decode(): value.decode() for name, value in raw.items() if not name.startswith(b"untaken:")}
-    record = {name: json.loads(fields[name]) for name in _RECORD_JSON if name in fields}
-    record.update({"lease": fields.get("lease") or None, "status": fields.get("status", OPEN)})
-    return record
-
-
-def rule_tag(rule: Rule) -> str:
-    """A few characters that tell a key's rule from the other rules of its level and key."""
-    return _base36(zlib.crc32(rule.rule_id.encode()))
-
-
-def _base36(number: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    out = ""
-    while True:
-        number, digit = divmod(number, 36)
-        out = digits[digit] + out
-        if not number:
-            return out
-
-
 __all__ = [
     "CircuitBreaker",
+    "RedisPlan",
     "RedisStore",
     "connect",
-    "decode_record",
-    "decode_state",
     "lua_body",
     "lua_source",
     "outcome_of",
-    "read_state",
-    "record_fields",
-    "write_state",
+    "redis_plan",
 ]
