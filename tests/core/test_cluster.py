@@ -6,9 +6,9 @@ The contract suite (every test that uses `build`) runs on the cluster too, on on
 import collections
 
 import pytest
-from redis.cluster import key_slot
+from redis.cluster import RedisCluster, key_slot
 
-from core import HierarchicalLimiter, ManualClock, acquire_batch
+from core import HierarchicalLimiter, ManualClock, StoreUnavailable, acquire_batch
 from core.errors import ConfigError
 from core.stores import store_from_url
 from core.stores.cluster import ClusterStore
@@ -325,3 +325,49 @@ def test_a_batch_after_the_library_was_flushed_everywhere_loads_it_and_counts_on
     per_team = collections.Counter(f"t{i % 7}" for i, d in enumerate(batch) if d.allowed)
     # Team limit 5: t0 had one before the flush; nothing counted twice.
     assert per_team["t0"] == 4 and all(per_team[f"t{t}"] == 5 for t in range(1, 7))
+
+
+# --- one store per node: every call through its node's breaker -------------------------------
+
+
+def test_every_call_on_a_shard_goes_through_the_breaker_of_its_node(store):
+    limiter = limiter_on(store)
+    acme = {"user": "u", "team": "acme", "global": "*"}
+    node = store.node_of(slot_keys(store, acme)[0])
+    other_team = next(f"t{i}" for i in range(100) if store.node_of(slot_keys(store, {"team": f"t{i}"})[0]) != node)
+    elsewhere = {"user": "u", "team": other_team, "global": "*"}
+    assert limiter.acquire(acme).allowed and limiter.acquire(elsewhere).allowed
+    # Three failed calls on acme's node, on a clock that then stands still: its breaker is open.
+    breaker = store.store_of(slot_keys(store, acme)[0]).breaker
+    breaker.clock = ManualClock(100.0)
+    for _ in range(3):
+        breaker.failed()
+    assert limiter.acquire(acme).degraded
+    assert limiter.reserve(acme)[0].degraded
+    for call in (
+        lambda: limiter.explain(acme),
+        lambda: limiter.inspect("team", "acme"),
+        lambda: limiter.reset("team", "acme"),
+    ):
+        with pytest.raises(StoreUnavailable, match="unreachable"):
+            call()
+    with pytest.raises(StoreUnavailable, match=node):
+        store.ping()
+    # The other nodes go on, and the cluster's time comes from one that answers.
+    assert not limiter.acquire(elsewhere).degraded
+    assert limiter.inspect("team", other_team)[0]["state"]["tokens"] == 3
+    assert store.time() > 0
+    health = {part["name"]: part for part in store.health()}
+    assert len(health) == 3
+    assert health[f"Redis Cluster node {node}"]["state"] == "down"
+    assert health[f"Redis Cluster node {node}"]["failures"] == 3
+    assert [part["state"] for name, part in health.items() if not name.endswith(node)] == ["up", "up"]
+
+
+def test_the_slot_map_read_from_the_cluster_sends_each_key_to_the_primary_that_holds_it(store, redis_cluster_servers):
+    keys = slot_keys(store, {"user": "u", "team": "acme", "global": "*"})
+    probe = RedisCluster(host="127.0.0.1", port=redis_cluster_servers.primaries()[0].port)
+    owner = probe.get_node_from_key(keys[0])
+    probe.close()
+    assert store.node_of(keys[0]) == f"{owner.host}:{owner.port}"
+    assert len(store.router.slots.primaries()) == 3
