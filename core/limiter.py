@@ -278,10 +278,16 @@ class HierarchicalLimiter:
         return _decision_from_rows(rows), rows
 
     def inspect(self, level: str, key: str) -> list[dict]:
-        """The live state of every rule that applies to `key` at `level`."""
+        """The live state of every stateful rule that applies to `key` at `level`, each row
+        with its rule's `position` among the level's rules as configured: what names a row
+        where rules look alike, or a stateless rule has no row."""
         plan = self._one_level(level, key)
         states = self.store.inspect(plan.store_plan, self.clock())
-        return [{**_row(check), "state": state} for check, state in zip(plan.checks, states)]
+        positions = {id(rule): i for i, rule in enumerate(self.levels[level])}
+        return [
+            {**_row(check), "position": positions[id(check.rule)], "state": state}
+            for check, state in zip(plan.checks, states)
+        ]
 
     def release(self, keys: Mapping[str, str], lease: str) -> int:
         """Hand back the concurrency slots that `lease` holds; returns how many rules gave one."""

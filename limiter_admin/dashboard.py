@@ -523,31 +523,24 @@ def health_context(policy, reports: dict) -> dict:
 
 
 def store_health(store) -> dict:
-    """Up, or down and since when (the Redis store's circuit breaker knows)."""
-    kind = {"RedisStore": "Redis", "MemoryStore": "in-process memory, this process only"}.get(
-        type(store).__name__, type(store).__name__
-    )
-    # `ping()` is the stores' health probe; until every store has one, `time()` is the
-    # cheapest call that must reach the store (Redis TIME; the in-process clock).
-    probe = getattr(store, "ping", None) or store.time
+    """Up, or down and since when, for each part of the store (a cluster's primaries), as
+    the store's health() reports it, after a ping (the stores' probe)."""
     try:
-        probe()
+        store.ping()
         error = None
     except StoreUnavailable as failure:
         error = str(failure)
-    breaker = getattr(store, "breaker", None)
-    since = None
-    if breaker is not None and breaker.down_since is not None:
-        # The breaker counts in its own (monotonic) clock: turned into wall time here.
-        since = time.time() - (breaker.clock() - breaker.down_since)
-    return {
-        "kind": kind,
-        "up": error is None and since is None,
-        "error": error,
-        "since": _local(since) if since is not None else None,
-        "for": _duration(time.time() - since) if since is not None else None,
-        "failures": getattr(breaker, "failures", 0),
-    }
+    parts = [
+        {
+            "name": part["name"],
+            "up": part["state"] == "up",
+            "since": _local(part["down_since"]) if part["down_since"] is not None else None,
+            "for": _duration(time.time() - part["down_since"]) if part["down_since"] is not None else None,
+            "failures": part["failures"],
+        }
+        for part in store.health()
+    ]
+    return {"up": error is None and all(part["up"] for part in parts), "error": error, "parts": parts}
 
 
 def _fail_mode_meaning(mode: dict) -> str:

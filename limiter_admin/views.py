@@ -33,10 +33,12 @@ def readyz(request):
         current_version()
     except DatabaseError as error:
         checks["database"] = f"unreachable: {error}"
+    store = policy_cache().store
     try:
-        policy_cache().store.ping()
+        store.ping()
     except StoreUnavailable as error:
-        checks["store"] = f"unreachable: {error}"
+        down = ", ".join(part["name"] for part in store.health() if part["state"] != "up")
+        checks["store"] = f"unreachable: {error}" + (f" (down: {down})" if down else "")
     ready = all(value == "ok" for value in checks.values())
     return JsonResponse({"status": "ready" if ready else "not ready", **checks}, status=200 if ready else 503)
 

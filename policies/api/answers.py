@@ -16,6 +16,7 @@ answer the named rule is a best guess.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
 
 from core import Decision, HierarchicalLimiter
@@ -71,8 +72,17 @@ class _HeaderPlan:
         self.smallest = (sf_string(smallest[0]), whole_units(smallest[2])) if smallest else None
 
 
+# The header plans of each limiter, by the levels a request names; they go when it goes
+# (a policy reload compiles new limiters).
+_HEADER_PLANS: weakref.WeakKeyDictionary[HierarchicalLimiter, dict[tuple[str, ...], _HeaderPlan]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def _header_plan(limiter: HierarchicalLimiter, levels: tuple[str, ...]) -> _HeaderPlan:
-    cache = limiter.__dict__.setdefault("_header_plans", {})
+    cache = _HEADER_PLANS.get(limiter)
+    if cache is None:
+        cache = _HEADER_PLANS.setdefault(limiter, {})
     plan = cache.get(levels)
     if plan is None:
         items = []

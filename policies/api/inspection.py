@@ -111,10 +111,10 @@ def bucket_report(level: str, key: str, team: str | None = None) -> dict:
             "name": row["name"],
             "label": row["label"],
             "shadow": row["shadow"],
-            "source": source,
+            "source": sources[level][row["position"]],
             "state": json_safe(row["state"]),
         }
-        for row, source in zip(rows, sources[level])
+        for row in rows
     ]
     return {"level": level, "key": key, **route, "rules": rules}
 

@@ -121,6 +121,19 @@ def test_inspect_shows_the_live_state_of_every_rule_of_a_key(build, clock):
     assert rows[1]["state"]["entries"] == 1
 
 
+def test_each_inspected_row_names_its_rules_place_in_the_level_even_after_a_stateless_rule(build, plugin_name):
+    @register(plugin_name("open_door"))
+    class OpenDoor(Rule):
+        stateful = False
+
+        def wait_for_key(self, key, now, cost):
+            return 0.0
+
+    limiter = build({"user": [{"type": OpenDoor.type_name}, token_bucket(10, 2), token_bucket(5, 1, label="second")]})
+    rows = limiter.inspect("user", "u")
+    assert [(row["position"], row["label"]) for row in rows] == [(1, None), (2, "second")]
+
+
 def test_inspecting_a_key_never_seen_shows_it_full(build):
     limiter = build({"user": [token_bucket(10, 2)]})
     assert state_of(limiter, "user", "nobody")["tokens"] == 10.0

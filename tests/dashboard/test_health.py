@@ -106,3 +106,24 @@ def test_a_reset_while_the_store_is_down_says_nothing_was_reset(store_down, cons
     assert response.status_code == 200
     assert "Nothing was reset: the store is unreachable" in response.content.decode()
     assert not LogEntry.objects.exists()
+
+
+@pytest.fixture
+def on_a_cluster(db, load, policy_doc, redis_cluster_url):
+    """The policy in the database, and a limiter on the session's Redis Cluster."""
+    from core.stores.cluster import ClusterStore
+
+    load(policy_doc)
+    store = ClusterStore(url=redis_cluster_url, timeout=1.0)
+    install_policy_cache(PolicyCache(store=store))
+    yield store
+    install_policy_cache(None)
+    store.close()
+
+
+def test_a_cluster_shows_each_primary_as_its_store_reports_it(on_a_cluster, console):
+    words = text(page(console, HEALTH))
+    primaries = [part["name"] for part in on_a_cluster.health()]
+    assert len(primaries) == 3
+    for name in primaries:
+        assert f"Store ({name}): up: decisions are made on it." in words
