@@ -347,6 +347,9 @@ class PolicyVersion(models.Model):
     """One row, bumped after every committed policy change; workers poll it to reload."""
 
     number = models.BigIntegerField(default=0)
+    # A random token of the transaction whose bump made `number` (signals.py): a later write
+    # of that transaction finds it and bumps no more; a rollback of the bump takes it away.
+    bumped_by = models.CharField(max_length=32, default="", editable=False)
 
     def __str__(self):
         return f"policy version {self.number}"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import secrets
+from functools import partial
+
+from asgiref.local import Local
 from django.db import transaction
 from django.db.models import F
 from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete, pre_save
@@ -11,16 +15,31 @@ from . import models
 POLICY_MODELS = (models.Level, models.Tier, models.Tenant, models.Rule, models.PriorityClass, models.PolicySettings)
 BEFORE_A_WRITE = (pre_save, pre_delete, models.versioned_save)
 
+# The token of the bump of each database alias's open transaction, scoped as Django scopes its
+# connections (per thread, and per async context).
+_bumps = Local()
 
-def bump_version() -> None:
-    """Add one to the policy version (creating its row the first time)."""
-    if models.PolicyVersion.objects.filter(pk=1).update(number=F("number") + 1):
+
+def bump_version(token: str = "") -> None:
+    """Add one to the policy version (creating its row the first time), marked with `token`,
+    the bumping transaction's."""
+    if models.PolicyVersion.objects.filter(pk=1).update(number=F("number") + 1, bumped_by=token):
         return
-    _, created = models.PolicyVersion.objects.get_or_create(pk=1, defaults={"number": 1})
+    _, created = models.PolicyVersion.objects.get_or_create(pk=1, defaults={"number": 1, "bumped_by": token})
     if not created:
         # Another transaction created the row since our update found none (on PostgreSQL,
         # this one waited for it to commit): our change needs a bump of its own.
-        models.PolicyVersion.objects.filter(pk=1).update(number=F("number") + 1)
+        models.PolicyVersion.objects.filter(pk=1).update(number=F("number") + 1, bumped_by=token)
+
+
+def pending_version(using: str = "default") -> int | None:
+    """The version the open transaction's policy change bumped to; None when it bumped none,
+    or its bump was rolled back (with the savepoint that made it, or the whole transaction):
+    the row then carries another transaction's token, or none."""
+    token = getattr(_bumps, using, None)
+    if token is None:
+        return None
+    return models.PolicyVersion.objects.filter(pk=1, bumped_by=token).values_list("number", flat=True).first()
 
 
 def current_version() -> int:
@@ -49,18 +68,20 @@ def policy_changed(sender=None, using="default", signal=None, action="", **kwarg
         return
     if not before:
         return
-    marker = getattr(connection, "_policies_bumped", None)
-    # A rollback, of the transaction or of the savepoint that bumped, drops the marker from
-    # run_on_commit together with the bump itself: the next change bumps again.
-    if marker is not None and any(func is marker for _, func, _ in connection.run_on_commit):
+    if pending_version(using) is not None:
         return
-    bump_version()
+    token = secrets.token_hex(16)
+    bump_version(token)
+    setattr(_bumps, using, token)
+    # Once committed, the token must go, or this connection's next transaction would take the
+    # committed bump for its own. (Only an on-commit hook registered before this one, not
+    # robust, and raising, which the committing caller sees, could keep this one from running.)
+    transaction.on_commit(partial(_committed, using, token), using=using, robust=True)
 
-    def committed() -> None:
-        connection._policies_bumped = None
 
-    connection._policies_bumped = committed
-    transaction.on_commit(committed, using=using)
+def _committed(using: str, token: str) -> None:
+    if getattr(_bumps, using, None) == token:
+        setattr(_bumps, using, None)
 
 
 def connect() -> None:

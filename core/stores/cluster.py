@@ -486,6 +486,10 @@ class ClusterStore(Wrapper[Any]):
     def shards(self) -> int:
         return self.router.shards
 
+    @property
+    def shard_by(self) -> str:
+        return self.router.shard_by
+
     def shard_of(self, key: str) -> int:
         return self.router.shard_of(key)
 

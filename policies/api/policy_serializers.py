@@ -265,6 +265,10 @@ class StrictSerializer(serializers.Serializer):
     """Refuses unknown fields; on PUT (`instance` given, not partial) needs every writable
     field; handles `version`, the optimistic lock, when the model has one."""
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        StrictSerializerSchema.for_serializer(cls)  # its request bodies, as it reads them
+
     def to_internal_value(self, data):
         if isinstance(data, Mapping):
             known = [name for name, field in self.fields.items()]
@@ -338,10 +342,17 @@ def version_field():
 class StrictSerializerSchema(OpenApiSerializerExtension):
     """A StrictSerializer's request bodies as it reads them: a create sends no `version`
     (its own component, `New<Name>Request`), a PUT sends every field and `version`, a PATCH
-    sends `version` and the fields it changes."""
+    sends `version` and the fields it changes.
 
-    target_class = StrictSerializer
-    match_subclasses = True
+    Each StrictSerializer gets a subclass of its own that targets it (`for_serializer`), so
+    that `map_serializer` starts from drf-spectacular's own mapping of it, as its extension
+    API documents, and changes only the request bodies."""
+
+    target_class = None  # set by each serializer's own subclass
+
+    @classmethod
+    def for_serializer(cls, serializer: type) -> None:
+        type(f"{serializer.__name__}Schema", (cls,), {"target_class": serializer})
 
     def get_name(self, auto_schema, direction):
         if direction == "request" and auto_schema.method == "POST" and "version" in self.target.fields:
@@ -349,7 +360,7 @@ class StrictSerializerSchema(OpenApiSerializerExtension):
         return None
 
     def map_serializer(self, auto_schema, direction):
-        schema = auto_schema._map_basic_serializer(self.target, direction)
+        schema = super().map_serializer(auto_schema, direction)
         if direction != "request":
             return schema
         properties = schema["properties"]

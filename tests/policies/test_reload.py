@@ -200,3 +200,29 @@ def test_the_first_two_changes_to_an_empty_store_at_once_each_move_the_version()
         first.outcome(), second.outcome()
     assert waited == [True], "the second change never waited for the first"
     assert current_version() == 2
+
+
+def test_a_rolled_back_savepoint_takes_the_bump_with_it_and_the_next_write_bumps_again(load, policy, commits):
+    load(policy)
+    before = current_version()
+    with commits(), transaction.atomic():
+        with pytest.raises(RuntimeError), transaction.atomic():
+            set_team_capacity("pro", 2000)  # bumps first, then rolls back with it
+            raise RuntimeError("changed my mind")
+        assert current_version() == before
+        set_team_capacity("free", 200)
+        set_team_capacity("pro", 3000)
+    assert current_version() == before + 1
+
+
+def test_after_a_rolled_back_transaction_the_next_one_bumps_though_another_bumped_meanwhile(load, policy, commits):
+    load(policy)
+    before = current_version()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        set_team_capacity("pro", 2000)
+        raise RuntimeError("changed my mind")
+    # Another worker's committed change (a bump from `before`, as the rolled-back one was).
+    PolicyVersion.objects.filter(pk=1).update(number=before + 1, bumped_by="another-transaction")
+    with commits(), transaction.atomic():
+        set_team_capacity("free", 200)
+    assert current_version() == before + 2
