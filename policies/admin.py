@@ -20,20 +20,34 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from simple_history.admin import SimpleHistoryAdmin
 
 from core import RULES
 
+from .changes import Names, described, previous_records, record_changes, sentence, summary, version_records
 from .history import put_back_rules, record_rules, revert_refusal
 from .invariants import PolicyViolation, check_deletable, check_owner_rules, check_rule, check_rule_rows
-from .models import Level, PolicySettings, PolicyVersion, PriorityClass, Rule, ServiceToken, StaleVersion, Tenant, Tier
+from .models import (
+    Level,
+    PolicyChange,
+    PolicySettings,
+    PolicyVersion,
+    PriorityClass,
+    Rule,
+    ServiceToken,
+    StaleVersion,
+    Tenant,
+    Tier,
+)
 
 STALE_MESSAGE = (
     "This {kind} changed since you opened it (someone else saved it, or a policy file was "
@@ -224,6 +238,16 @@ class PolicyAdmin(SimpleHistoryAdmin):
     hold (`reverted`)."""
 
     object_history_form_template = "admin/policies/history_form.html"
+    object_history_list_template = "admin/policies/object_history_list.html"
+
+    def set_history_delta_changes(self, request, historical_records, foreign_keys_are_objs=True):
+        """Each record's changes as `policies.changes` words them: field diffs without the
+        version counter, related rows by name, and a tier's or tenant's rules diffed too."""
+        records = list(historical_records)
+        names = Names()
+        previous = previous_records(records)
+        for record in records:
+            record.changes = record_changes(record, previous.get(record.history_id), names)
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         try:
@@ -446,12 +470,7 @@ class PolicySettingsAdmin(PolicyAdmin):
         return False
 
 
-@admin.register(PolicyVersion)
-class PolicyVersionAdmin(admin.ModelAdmin):
-    """Read-only: the number workers poll to notice a change."""
-
-    list_display = ["number"]
-
+class ReadOnlyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
@@ -460,6 +479,84 @@ class PolicyVersionAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(PolicyVersion)
+class PolicyVersionAdmin(ReadOnlyAdmin):
+    """Read-only: the number workers poll to notice a change. Not on the index: the policy
+    versions list (PolicyChange) shows each version with its author and changes."""
+
+    list_display = ["number", "versions"]
+
+    def get_model_perms(self, request):
+        return {}  # left off the index, still served
+
+    @admin.display(description="each version")
+    def versions(self, counter):
+        return format_html('<a href="{}">policy versions</a>', reverse("admin:policies_policychange_changelist"))
+
+
+class VersionChangeList(ChangeList):
+    """The page's versions with what each changed, read for the whole page at once."""
+
+    def get_results(self, request):
+        super().get_results(request)
+        records = version_records(row.version for row in self.result_list)
+        names = Names()
+        for row in self.result_list:
+            row.summary = summary(records.get(row.version, []), names)
+
+
+@admin.register(PolicyChange)
+class PolicyChangeAdmin(ReadOnlyAdmin):
+    """Each policy version: when, who, and what it changed (its history records, worded by
+    `policies.changes`); a version's page lists every change, each linked to its record."""
+
+    list_display = ["version", "at", "author", "what_changed"]
+    list_display_links = ["version"]
+    list_filter = ["by"]
+    date_hierarchy = "at"
+    fields = ["version", "at", "author", "changes"]
+    readonly_fields = ["version", "at", "author", "changes"]
+
+    def get_changelist(self, request, **kwargs):
+        return VersionChangeList
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("user")
+
+    @admin.display(description="by", ordering="by")
+    def author(self, change):
+        return change.by or "(not recorded)"
+
+    @admin.display(description="what changed")
+    def what_changed(self, change):
+        lines = getattr(change, "summary", None) or ["(no history records: made before versions were logged)"]
+        return format_html_join("", '<div class="version-summary">{}</div>', ((line,) for line in lines))
+
+    @admin.display(description="changes")
+    def changes(self, change):
+        records = version_records([change.version])[change.version]
+        if not records:
+            return "No history records carry this version (it was made before versions were logged)."
+        names = Names()
+        return format_html(
+            '<ul class="version-changes">{}</ul>',
+            format_html_join(
+                "",
+                '<li><a href="{}">{}</a></li>',
+                (
+                    (_record_url(record), sentence(record, found, names, most=50))
+                    for record, found in described(records, names)
+                ),
+            ),
+        )
+
+
+def _record_url(record) -> str:
+    """The history page of the version `record` of its row."""
+    opts = record.instance_type._meta
+    return reverse(f"admin:{opts.app_label}_{opts.model_name}_simple_history", args=[record.id, record.history_id])
 
 
 @admin.register(ServiceToken)

@@ -148,7 +148,7 @@ def test_a_reset_is_confirmed_in_the_browser_and_a_dry_run_answers_in_place(page
     page.click("#reset-link")
     expect(page.locator("#content-main")).to_contain_text("Reset every bucket of team: tinyco?")
     page.click('#reset-form input[type="submit"]')
-    expect(page.locator(".messagelist")).to_contain_text("The buckets of team: tinyco were reset")
+    expect(page.locator(".messagelist")).to_contain_text("The buckets of tinyco were reset")
     expect(page.locator('tr.bucket-rule[data-rule="token_bucket(3, 1/s)"] td.state')).to_contain_text(
         "3 / 3 tokens left"
     )

@@ -114,7 +114,10 @@ def test_a_quick_raise_writes_an_expiring_override_that_the_next_decision_uses(a
     assert acme.overrides_until == dt.datetime.fromtimestamp(clock(), dt.UTC) + dt.timedelta(hours=4)
     [rule] = Rule.objects.filter(tenant=acme)
     assert (rule.level.name, rule.type, rule.params) == ("team", "token_bucket", {"capacity": 2000, "per_second": 200})
-    assert LogEntry.objects.get().get_change_message().startswith("Raised team: token_bucket(1000, 100/s) x2 for 4 h")
+    assert LogEntry.objects.get().get_change_message() == (
+        "raised team: token_bucket(1000, 100/s) x2 for 4 h for acme "
+        "(an expiring override, now token_bucket(2000, 200/s))"
+    )
     clock.advance(1)  # workers notice a policy change within half a second
     assert decide(decide_client, {"team": "acme"}, cost=1500)["allowed"]
     html = console.get(response["Location"]).content.decode()
