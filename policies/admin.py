@@ -1,12 +1,14 @@
 """The operators' console for the policy store.
 
 Rule types, their parameters and help texts come from core.RULES; nothing about a rule
-type is written here. Tiers, tenants, levels and priority classes carry a hidden version: a
+type is written here: a rule's form (`policies.rule_form`) has a typed field per parameter,
+built from its type's declarations, and JSON for plug-in types. Tiers, tenants, levels and priority classes carry a hidden version: a
 save of a page that someone changed since it was opened is refused, never silently applied
 over their change.
 Every model keeps its history (django-simple-history), shown by each page's History link;
 reverting to a version goes through the same form, checks and lock as an edit, and puts a
-tier's or tenant's rules back too (`policies.history`). The policy's invariants are checked
+tier's or tenant's rules back too (`policies.history`). History pages and the policy versions
+list word each change as `policies.changes` does (a tier's rules diffed field by field). The policy's invariants are checked
 by `policies.invariants`, as the API and the policy file check them: this module only shows
 their refusals.
 """
@@ -21,6 +23,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
+from django.contrib.admin.widgets import RelatedFieldWidgetWrapper
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
@@ -31,11 +34,9 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from simple_history.admin import SimpleHistoryAdmin
 
-from core import RULES
-
 from .changes import Names, described, previous_records, record_changes, sentence, summary, version_records
 from .history import put_back_rules, record_rules, revert_refusal
-from .invariants import PolicyViolation, check_deletable, check_owner_rules, check_rule, check_rule_rows
+from .invariants import PolicyViolation, check_deletable, check_owner_rules, check_rule_rows
 from .models import (
     Level,
     PolicyChange,
@@ -48,51 +49,12 @@ from .models import (
     Tenant,
     Tier,
 )
+from .rule_form import RuleForm
 
 STALE_MESSAGE = (
     "This {kind} changed since you opened it (someone else saved it, or a policy file was "
     "loaded). Your changes were not saved: reload the page to see the current version."
 )
-
-
-def parameter_lines(type_name: str) -> list[tuple[str, str]]:
-    """(name and bounds, help) for each declared parameter of a rule type."""
-    cls = RULES.get(type_name)
-    if cls is None:
-        return []
-    lines = []
-    for param in cls.params:
-        schema = param.schema()
-        bounds = [f"{schema['type']}"]
-        if "minimum" in schema:
-            bounds.append(f">= {schema['minimum']:g}")
-        if "exclusiveMinimum" in schema:
-            bounds.append(f"> {schema['exclusiveMinimum']:g}")
-        if "default" in schema:
-            bounds.append(f"default {schema['default']}")
-        lines.append((f"{param.name} ({', '.join(bounds)})", param.help))
-    return lines
-
-
-def parameters_help() -> str:
-    """Every rule type's parameters, for the params field's help text."""
-    return format_html_join(
-        "",
-        "<div><b>{}</b>: {}</div>",
-        ((name, "; ".join(f"{p} - {h}" for p, h in parameter_lines(name))) for name in sorted(RULES)),
-    )
-
-
-class RuleForm(forms.ModelForm):
-    class Meta:
-        model = Rule
-        fields = ["level", "type", "params", "label", "shadow", "counts", "position"]
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if "params" in self.fields:
-            self.fields["params"].help_text = parameters_help()
-            self.fields["params"].widget.attrs.update(rows=2, cols=40)
 
 
 class RuleFormSet(forms.BaseInlineFormSet):
@@ -121,13 +83,9 @@ class RulePageForm(RuleForm):
     def clean(self):
         super().clean()
         data = self.cleaned_data
-        if self.errors or (data.get("tier") and data.get("tenant")) or not isinstance(data.get("params"), dict):
-            return data  # the field's own error, or the model's (never both owners; params a mapping)
+        if self.errors or (data.get("tier") and data.get("tenant")):
+            return data  # the field's own error, or the model's (never both owners)
         candidate = Rule(pk=self.instance.pk, **{k: data.get(k) for k in ["tier", "tenant", *RuleForm.Meta.fields]})
-        try:
-            check_rule(candidate.spec())
-        except PolicyViolation:
-            return data  # the model's validation names the field
         try:
             check_rule_rows(save=candidate)
         except PolicyViolation as error:
@@ -136,18 +94,24 @@ class RulePageForm(RuleForm):
 
 
 class RuleInline(admin.TabularInline):
+    """A tier's or tenant's rules, one row each: the parameters cell shows the typed fields of
+    the rule type picked (`policies.rule_form`)."""
+
     model = Rule
     form = RuleForm
     formset = RuleFormSet
     extra = 0
-    fields = ["level", "type", "params", "parameters", "label", "shadow", "counts", "position"]
-    readonly_fields = ["parameters"]
+    fields = ["level", "type", "params", "label", "shadow", "counts", "position"]
 
-    @admin.display(description="parameters of this type")
-    def parameters(self, rule):
-        if not rule or not rule.type:
-            return "Save to see the parameters of the chosen type (all are listed under params)."
-        return format_html_join("", "<div><b>{}</b>: {}</div>", parameter_lines(rule.type))
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        widget = getattr(field, "widget", None)
+        if isinstance(widget, RelatedFieldWidgetWrapper):
+            # No add, change or delete a level from a rule's row: levels have their own page,
+            # and the four buttons would widen every row of the table.
+            widget.can_add_related = widget.can_change_related = False
+            widget.can_delete_related = widget.can_view_related = False
+        return field
 
 
 class TierRuleInline(RuleInline):

@@ -108,7 +108,7 @@ def test_an_operator_sees_a_tenant_throttled_reads_its_buckets_and_raises_its_li
     # The operator raises the tenant's limit on its admin page.
     page.click("#bucket-route a.tenant-link")
     expect(page.locator("h1")).to_contain_text("Change tenant")
-    page.fill('textarea[name="rules-0-params"]', '{"capacity": 10, "per_second": 1}')
+    page.fill('input[name="rules-0-token_bucket__capacity"]', "10")
     page.click('input[name="_save"]')
     expect(page.locator(".messagelist")).to_contain_text("was changed successfully")
 

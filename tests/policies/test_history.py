@@ -5,7 +5,6 @@ levels), in one transaction, or refuses with a message; never a 500, never half 
 from __future__ import annotations
 
 import html
-import json
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -15,7 +14,7 @@ from django.test import Client
 from policies.models import Level, PriorityClass, Rule, Tenant, Tier, rule_specs
 from tests.api.conftest import make_token, memory_engine, token_client  # noqa: F401  (fixtures)
 
-from .test_admin import tier_form
+from .test_admin import params_data, tier_form
 
 pytestmark = pytest.mark.django_db
 
@@ -129,7 +128,7 @@ def client_post_rule(admin: Client, rule: Rule, **changes):
         "tenant": rule.tenant_id or "",
         "level": rule.level_id,
         "type": rule.type,
-        "params": json.dumps(changes.get("params", rule.params)),
+        **params_data(rule.type, changes.get("params", rule.params)),
         "label": rule.label,
         "counts": rule.counts,
         "position": rule.position,
