@@ -264,6 +264,11 @@ def name_of(record, names: Names) -> str:
     return name
 
 
+def _shown_name(record, kind: str, names: Names) -> str:
+    name = name_of(record, names)
+    return "" if name == kind else name  # the policy settings: one row, named by its kind
+
+
 def sentence(record, changes: Sequence[Change], names: Names, most: int = MOST_SHOWN) -> str:
     """`changed tier pro: user: token_bucket capacity 100 → 200` (at most `most` changes spelled
     out, the others counted)."""
@@ -274,9 +279,7 @@ def sentence_parts(record, changes: Sequence[Change], names: Names, most: int = 
     """A record's sentence in three parts, so that a page can link the row's name: what was
     done to what kind of row (`changed tier `), the row's name, and the changes (`: ...`)."""
     kind = kind_of(record)
-    name = name_of(record, names)
-    if name == kind:  # the policy settings: one row, named by its kind
-        name = ""
+    name = _shown_name(record, kind, names)
     if record.history_type == "~" and not changes:
         return f"saved {kind} ", name, " (no change)"
     detail = ""
@@ -343,17 +346,19 @@ def summary(records: Sequence, names: Names | None = None, most: int = MOST_RECO
         return [sentence(record, changes, names) for record, changes in described(records, names)]
     groups: dict[str, dict[str, list[str]]] = {}
     for record in records:
-        groups.setdefault(VERBS[record.history_type], {}).setdefault(kind_of(record), []).append(
-            name_of(record, names) if record.instance_type is not Rule else ""
-        )
+        kind = kind_of(record)
+        name = _shown_name(record, kind, names) if record.instance_type is not Rule else None
+        groups.setdefault(VERBS[record.history_type], {}).setdefault(kind, []).append(name or "")
     lines = []
     for verb, kinds in groups.items():
         parts = []
         for kind, rows in kinds.items():
-            plural = "priority classes" if kind == "priority class" else f"{kind}s"
-            if len(rows) <= most and all(rows):
-                parts.append(f"{kind if len(rows) == 1 else plural} {', '.join(rows)}")
+            plural = kind if len(rows) == 1 else "priority classes" if kind == "priority class" else f"{kind}s"
+            if not any(rows):  # rules, and the settings: counted, not named
+                parts.append(kind if kind == "policy settings" else f"{len(rows)} {plural}")
+            elif len(rows) <= most:
+                parts.append(f"{plural} {', '.join(rows)}")
             else:
-                parts.append(f"{len(rows)} {kind if len(rows) == 1 else plural}")
-        lines.append(f"{verb} {', '.join(parts)}")
+                parts.append(f"{len(rows)} {plural}")
+        lines.append(f"{verb} {'; '.join(parts)}")
     return lines
