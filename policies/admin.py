@@ -2,15 +2,15 @@
 
 Rule types, their parameters and help texts come from core.RULES; nothing about a rule
 type is written here: a rule's form (`policies.rule_form`) has a typed field per parameter,
-built from its type's declarations, and JSON for plug-in types. Tiers, tenants, levels and priority classes carry a hidden version: a
-save of a page that someone changed since it was opened is refused, never silently applied
-over their change.
+built from its type's declarations, and JSON for plug-in types. Tiers, tenants, levels and
+priority classes carry a hidden version: a save of a page that someone changed since it was
+opened is refused, never silently applied over their change.
 Every model keeps its history (django-simple-history), shown by each page's History link;
 reverting to a version goes through the same form, checks and lock as an edit, and puts a
 tier's or tenant's rules back too (`policies.history`). History pages and the policy versions
-list word each change as `policies.changes` does (a tier's rules diffed field by field). The policy's invariants are checked
-by `policies.invariants`, as the API and the policy file check them: this module only shows
-their refusals.
+list word each change as `policies.changes` does (a tier's rules diffed field by field). The
+policy's invariants are checked by `policies.invariants`, as the API and the policy file
+check them: this module only shows their refusals.
 """
 
 from __future__ import annotations
@@ -202,6 +202,7 @@ class PolicyAdmin(SimpleHistoryAdmin):
     hold (`reverted`)."""
 
     object_history_form_template = "admin/policies/history_form.html"
+    object_history_template = "admin/policies/object_history.html"
     object_history_list_template = "admin/policies/object_history_list.html"
 
     def set_history_delta_changes(self, request, historical_records, foreign_keys_are_objs=True):
@@ -477,6 +478,10 @@ class PolicyChangeAdmin(ReadOnlyAdmin):
     `policies.changes`); a version's page lists every change, each linked to its record."""
 
     list_display = ["version", "at", "author", "what_changed"]
+
+    class Media:
+        css = {"all": ["policies/history.css"]}
+
     list_display_links = ["version"]
     list_filter = ["by"]
     date_hierarchy = "at"

@@ -383,6 +383,7 @@ class PolicyChange(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     by = models.CharField(
+        "author",
         max_length=150,
         blank=True,
         help_text="Who made it: the operator's name, a service token (token:<name>) or a command "

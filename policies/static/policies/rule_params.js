@@ -31,10 +31,19 @@
   document.addEventListener("change", function (event) {
     if (event.target.matches && event.target.matches("select.rule-type-select")) show(event.target);
   });
-  // A row added by "Add another": its type is empty, so it says to pick one.
+  // A row added by "Add another": its type is empty, so it says to pick one. The admin renumbers
+  // the new row's ids, names and labels; the parameters' help references are renumbered here.
   document.addEventListener("formset:added", function (event) {
-    var select = event.target.querySelector && event.target.querySelector("select.rule-type-select");
-    if (select) show(select);
+    var row = event.target;
+    var select = row.querySelector && row.querySelector("select.rule-type-select");
+    if (!select) return;
+    var index = (select.name.match(/-(\d+)-type$/) || [])[1];
+    if (index !== undefined) {
+      row.querySelectorAll("[aria-describedby*='__prefix__']").forEach(function (input) {
+        input.setAttribute("aria-describedby", input.getAttribute("aria-describedby").replace("__prefix__", index));
+      });
+    }
+    show(select);
   });
   // A page restored from the browser's cache keeps the types picked before: show theirs.
   window.addEventListener("pageshow", function () {
