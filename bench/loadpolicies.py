@@ -6,7 +6,8 @@ and times, through the command itself (`call_command`, as an operator runs it):
 - large: a generated document (tiers, hundreds of tenants, half with overrides) over it;
 - large, changed: the same document with every override and one rule of each tier changed;
 - large, same: the changed document again (nothing to write).
-It also counts the SQL queries of each load.
+It also counts the SQL queries of each load. Python's garbage collector runs a full collection
+before each timed load.
 
 With `--against TREE` (another checkout of the project, e.g. main before a change), the
 rounds alternate between the two trees in one run, so that both see the same machine load;
@@ -18,6 +19,7 @@ Run: .venv/bin/python bench/loadpolicies.py [--against /work/main] [--rounds 5] 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -96,6 +98,9 @@ def worker(tenants: int) -> None:
     files["large, changed"].write_text(json.dumps(large_document(tenants, changed=True)))
     out = {}
     for case in CASES:
+        # A full collection first, so that none falls inside a timed load by chance: where one
+        # lands depends on every allocation before it, which differs between trees.
+        gc.collect()
         with CaptureQueriesContext(connection) as queries:
             started = time.perf_counter()
             call_command("loadpolicies", str(files[case]), stdout=open(os.devnull, "w"))

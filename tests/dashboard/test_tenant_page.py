@@ -114,7 +114,9 @@ def test_its_recent_changes_show_its_own_and_its_overrides_as_diffs(api, console
     bigco.save()
     replace_rules(bigco, {"team": [{"type": "token_bucket", "capacity": 900, "per_second": 10}]})
 
-    changes = recent_changes(tenant_page(console, "bigco"))
+    html = tenant_page(console, "bigco")
+    assert html.count('id="recent-changes"') == 1
+    changes = recent_changes(html)
     assert changes[0].startswith("Changed tenant bigco: tier pro → free; team: token_bucket capacity 600 → 900 ")
     assert changes[-1].startswith("Created tenant bigco: team: added token_bucket(600, 10/s) ")
     latest = bigco.history.order_by("-history_date").first()
