@@ -216,12 +216,18 @@ class RuleForm(forms.ModelForm):
         return error.reason if first in SPEC_FIELDS else str(error)
 
     def add_error(self, field, error):
-        # The model's own validation (Rule.clean) checks this spec again with the same
-        # invariant: once this form placed the refusal on the field it names, the model's
-        # copy of it (on `params`, or on the row's field) is not said twice.
+        # The model's own validation (Rule.clean) checks this spec again, with the same
+        # invariant: once this form has put a refusal on the field it names, the model's
+        # copy of it (on `params`, or on the row's field) is not said twice. Its other errors
+        # (a label too long, while a parameter was refused first) still are.
         if self.refused and field is None and hasattr(error, "error_dict"):
-            rest = {name: errors for name, errors in error.error_dict.items() if name not in ("params", *SPEC_FIELDS)}
-            if not rest:
+            said = {message for errors in self.errors.values() for message in errors}
+            fresh = {
+                name: kept
+                for name, errors in error.error_dict.items()
+                if (kept := [e for e in errors if not set(e.messages) <= said])
+            }
+            if not fresh:
                 return
-            error = ValidationError(rest)
+            error = ValidationError(fresh)
         super().add_error(field, error)

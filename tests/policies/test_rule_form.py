@@ -190,6 +190,20 @@ def test_a_label_too_long_is_an_error_on_the_label_said_once(operator, loaded):
     assert Rule.objects.get(pk=rules[0].pk).label == ""
 
 
+def test_a_bad_parameter_and_a_label_too_long_are_both_said_each_on_its_field(operator, loaded):
+    rules = list(free().rules.all())
+    rules[0].params = {"capacity": 0, "per_second": 1}
+    rules[0].label = "L" * 65
+    response, page = post_tier(operator, free(), rules=rules)
+    assert response.status_code == 200
+    assert "capacity: must be greater than 0, got 0 (token_bucket)" in param_box(
+        page, "rules-0-", "token_bucket", "capacity"
+    )
+    label_cell = page[page.index('<td class="field-label">') : page.index('id="id_rules-0-label"')]
+    assert "Ensure this value has at most 64 characters (it has 65)." in label_cell
+    assert page.count("capacity: must be greater than 0") == 1 and page.count("at most 64 characters") == 1
+
+
 def test_a_rules_own_page_puts_a_bad_parameter_on_its_field(operator, loaded):
     rule = free().rules.get(level__name="user")
     data = {
