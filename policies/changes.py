@@ -19,6 +19,7 @@ from typing import Any
 from django.db import models
 from django.utils import timezone
 
+from core import ConfigError
 from core.rules import build_rule
 
 from .models import Level, Rule, Tenant, Tier
@@ -73,7 +74,7 @@ def rule_name(row: Mapping[str, Any]) -> str:
     spec = Rule(**{name: row.get(name) for name in ("type", "params", "label", "shadow", "counts")}).spec()
     try:
         name = build_rule(spec, "").display()
-    except Exception:  # a plug-in no longer registered, or a row kept from before a check
+    except ConfigError:  # a plug-in no longer registered, or a row kept from before a check
         params = ", ".join(f"{k}={shown(v)}" for k, v in (row.get("params") or {}).items())
         name = f"{row.get('type')}({params})"
     if row.get("label"):

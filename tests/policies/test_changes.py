@@ -3,7 +3,7 @@ diffed between two versions of a tier or tenant, a row's own fields by name, and
 
 import pytest
 
-from policies.changes import Change, Names, previous_records, record_changes, rule_changes, sentence
+from policies.changes import Change, Names, previous_records, record_changes, rule_changes, rule_name, sentence
 from policies.models import Level, Rule, Tenant, Tier, replace_rules
 
 pytestmark = pytest.mark.django_db
@@ -131,3 +131,7 @@ def test_a_sentence_spells_out_a_few_changes_and_counts_the_rest(load, policy):
         "changed tier professional: name pro → professional; user: token_bucket capacity 50 → 1; "
         "user: token_bucket per_second 10 → 1; and 3 more changes"  # its label, the two rules it removed
     )
+
+
+def test_a_rule_of_a_plug_in_no_longer_registered_is_still_named():
+    assert rule_name(row(type="gone_plugin", total=5, label="QUOTA")) == "gone_plugin(total=5) [QUOTA]"
