@@ -3,11 +3,16 @@ side by side in one process with:
 
 - the `limits` library's MemoryStorage doing the same three levels as three `hit` calls,
   with its fixed window and its moving window;
-- a plain, unlocked reference loop in the style of seed 003 (dict of tuples per rule,
-  check every rule, then take from every rule), which is neither thread-safe nor bounded.
+- a plain, unlocked reference loop (a dict of tuples per rule: check every rule, then take
+  from every rule), the shortest correct two-phase limiter, neither thread-safe nor bounded.
 
-Run: .venv/bin/python bench/engine.py [--decisions N] [--rounds R]
-Each contender runs R rounds interleaved with the others; the best round counts.
+Run: .venv/bin/python bench/engine.py [--decisions N] [--rounds R] [--tight] [--against CHECKOUT]
+Each contender runs R rounds interleaved with the others, each in turn going first; the best
+round counts. A round is timed in CPU seconds of this process (time.process_time), so that
+other processes on a busy machine count for little, and starts after a garbage collection,
+so that no contender pays for the garbage of the round before. `--against CHECKOUT` adds the
+engine of another checkout (`git worktree add /tmp/before <commit>`) as one more contender, so
+that a change is measured against the code it changed, round by round in the same process.
 
 Time is simulated, one decision every 10 microseconds (100,000 a second), and ours and
 the reference read the same timestamps, so both make exactly the same allow/deny
@@ -17,6 +22,8 @@ decisions whatever their speed. (`limits` reads the wall clock; it cannot be giv
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib
 import os
 import random
 import sys
@@ -28,13 +35,16 @@ from limits import parse, storage, strategies  # noqa: E402
 
 from core import HierarchicalLimiter, MemoryStore  # noqa: E402
 
+# CPU time of this process: one thread, so what the loop costs, whoever else shares the CPUs.
+cpu_seconds = time.process_time
+
 USERS, TEAMS = 1000, 50
 TICK = 1e-5  # simulated seconds between two decisions
 LIMITS = {"user": (100, 50), "team": (2000, 1000), "global": (1_000_000, 100_000)}
 
 
 class ReferenceBucket:
-    """Token bucket as seed 003 writes it: state in a dict, refill computed in both phases."""
+    """The plainest token bucket: state in a dict, refill computed in both phases."""
 
     def __init__(self, capacity: float, per_second: float) -> None:
         self.capacity, self.rate, self.state = capacity, per_second, {}
@@ -79,28 +89,48 @@ def workload(n: int) -> list[dict]:
     return [{"user": user, "team": team, "global": "*"} for user, team in picks]
 
 
-def run_ours(requests: list[dict], allowed: list | None = None) -> float:
+def run_ours(
+    requests: list[dict], allowed: list | None = None, engine: tuple = (HierarchicalLimiter, MemoryStore)
+) -> float:
+    limiter_class, store_class = engine
     config = {level: [{"type": "token_bucket", "capacity": c, "per_second": r}] for level, (c, r) in LIMITS.items()}
     clock = iter(simulated_times(len(requests))).__next__
-    acquire = HierarchicalLimiter.from_config(config, store=MemoryStore(), clock=clock).acquire
-    start = time.perf_counter()
+    acquire = limiter_class.from_config(config, store=store_class(), clock=clock).acquire
+    start = cpu_seconds()
     for keys in requests:
         acquire(keys)
-    elapsed = time.perf_counter() - start
+    elapsed = cpu_seconds() - start
     if allowed is not None:  # a second, untimed pass to count what was admitted
         clock = iter(simulated_times(len(requests))).__next__
-        acquire = HierarchicalLimiter.from_config(config, store=MemoryStore(), clock=clock).acquire
+        acquire = limiter_class.from_config(config, store=store_class(), clock=clock).acquire
         allowed.append(sum(acquire(keys).allowed for keys in requests))
     return elapsed
+
+
+def engine_at(checkout: str) -> tuple:
+    """HierarchicalLimiter and MemoryStore from the core/ of another checkout, imported beside
+    this one's (its modules are put back under their names once it is loaded)."""
+    ours = {name: module for name, module in sys.modules.items() if name == "core" or name.startswith("core.")}
+    for name in ours:
+        del sys.modules[name]
+    sys.path.insert(0, os.path.abspath(checkout))
+    try:
+        other = importlib.import_module("core")
+        return other.HierarchicalLimiter, other.MemoryStore
+    finally:
+        sys.path.pop(0)
+        for name in [name for name in sys.modules if name == "core" or name.startswith("core.")]:
+            del sys.modules[name]
+        sys.modules.update(ours)
 
 
 def run_reference(requests: list[dict], allowed: list | None = None) -> float:
     limiter, times = ReferenceLimiter(), simulated_times(len(requests))
     acquire = limiter.acquire
-    start = time.perf_counter()
+    start = cpu_seconds()
     for keys, now in zip(requests, times):
         acquire(keys, now)
-    elapsed = time.perf_counter() - start
+    elapsed = cpu_seconds() - start
     if allowed is not None:
         limiter = ReferenceLimiter()
         allowed.append(sum(limiter.acquire(keys, now)[0] for keys, now in zip(requests, times)))
@@ -116,12 +146,12 @@ def run_limits(requests: list[dict], strategy) -> float:
     items = {level: parse(f"{c}/second") for level, (c, _) in LIMITS.items()}
     user, team, glob = items["user"], items["team"], items["global"]
     hit = limiter.hit
-    start = time.perf_counter()
+    start = cpu_seconds()
     for keys in requests:
         hit(user, "user", keys["user"])
         hit(team, "team", keys["team"])
         hit(glob, "global", keys["global"])
-    return time.perf_counter() - start
+    return cpu_seconds() - start
 
 
 def main() -> None:
@@ -131,25 +161,37 @@ def main() -> None:
     parser.add_argument(
         "--tight", action="store_true", help="a user bucket of 20 at 10/s, so that about half are denied"
     )
+    parser.add_argument(
+        "--against",
+        metavar="CHECKOUT",
+        help="also time the engine of another checkout (a worktree of an earlier commit), in this process",
+    )
     args = parser.parse_args()
     if args.tight:
         LIMITS["user"] = (20, 10)
     requests = workload(args.decisions)
     contenders = {
         "ours: 3-level, thread-safe, bounded": run_ours,
-        "reference: seed-003 loop, unlocked": run_reference,
+        "reference: plain loop, unlocked": run_reference,
         "limits: fixed window x3": lambda r: run_limits(r, strategies.FixedWindowRateLimiter),
         "limits: moving window x3": lambda r: run_limits(r, strategies.MovingWindowRateLimiter),
     }
+    if args.against:
+        other = engine_at(args.against)
+        contenders["ours at --against"] = lambda r: run_ours(r, engine=other)
     best = {name: float("inf") for name in contenders}
-    for _ in range(args.rounds):
-        for name, run in contenders.items():
+    order = list(contenders.items())
+    for i in range(args.rounds):
+        for name, run in order[i % len(order) :] + order[: i % len(order)]:
+            gc.collect()
             best[name] = min(best[name], run(requests))
     admitted: list[int] = []
     run_ours(requests, admitted)
     run_reference(requests, admitted)
-    if admitted[0] != admitted[1]:
-        raise SystemExit(f"ours admitted {admitted[0]}, the reference {admitted[1]}: not the same work")
+    if args.against:
+        run_ours(requests, admitted, other)
+    if len(set(admitted)) != 1:
+        raise SystemExit(f"ours, the reference (and --against) admitted {admitted}: not the same work")
     rate = {name: args.decisions / seconds for name, seconds in best.items()}
     ours = rate["ours: 3-level, thread-safe, bounded"]
     print(

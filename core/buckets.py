@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from .params import Param, _number
 from .rules import EPSILON, MAX_IDLE_SECONDS, Rule, register
@@ -40,6 +41,9 @@ class TokenBucket(Rule):
     )
 
     scaled_params = ("capacity", "per_second")
+    per_second: float  # a parameter, set from `params`
+    rate: float  # tokens per second, as a float
+    slack: float
 
     def setup(self) -> None:
         self.capacity = float(self.capacity)
@@ -49,7 +53,7 @@ class TokenBucket(Rule):
     def describe(self) -> str:
         return f"token_bucket({_number(self.capacity)}, {_number(self.rate)}/s)"
 
-    def _tokens(self, state, now: float) -> float:
+    def _tokens(self, state: Any, now: float) -> float:
         if state is None:
             return self.capacity
         if not self.rate:
@@ -57,7 +61,7 @@ class TokenBucket(Rule):
         ahead = state[0] - now
         return self.capacity - ahead * self.rate if ahead > 0 else self.capacity
 
-    def wait(self, state, now, cost, floor):
+    def wait(self, state: Any, now: float, cost: float, floor: float) -> float:
         missing = cost + floor - self._tokens(state, now)
         if missing <= self.slack:
             return 0.0
@@ -65,7 +69,7 @@ class TokenBucket(Rule):
             return math.inf
         return missing / self.rate
 
-    def attempt(self, state, now, cost, floor):
+    def attempt(self, state: Any, now: float, cost: float, floor: float) -> Any:
         # The hot path: one call does phase 1's arithmetic and phase 2's new state.
         rate = self.rate
         if not rate:
@@ -82,14 +86,14 @@ class TokenBucket(Rule):
         # integer, and from which it computes this same double.
         return ((start + cost / rate) * 1e6 + 0.5) // 1 * 1e-6, left
 
-    def _attempt_without_refill(self, state, now, cost, floor):
+    def _attempt_without_refill(self, state: Any, now: float, cost: float, floor: float) -> Any:
         spent = (state[2] if state is not None else 0.0) + cost
         left = self.capacity - spent
         if left - floor < -EPSILON:
             return math.inf
         return now + MAX_IDLE_SECONDS, left, spent
 
-    def adjust(self, state, now, delta, taken_at):
+    def adjust(self, state: Any, now: float, delta: float, taken_at: float) -> Any:
         # A charge takes as `attempt` takes, with no floor: the tokens may go below zero,
         # and the bucket is full again that much later. A refund moves full_at back.
         rate = self.rate
@@ -105,21 +109,30 @@ class TokenBucket(Rule):
         full_at = (full_at * 1e6 + 0.5) // 1 * 1e-6  # the microsecond grid, as in attempt
         return full_at, self.capacity - (full_at - now) * rate
 
-    def remaining(self, state, now):
+    def remaining(self, state: Any, now: float) -> float:
         return max(0.0, self._tokens(state, now))
 
-    def inspect(self, state, now):
-        tokens = self._tokens(state, now)
-        if self.rate:
-            full_in = (self.capacity - tokens) / self.rate
-        else:
-            full_in = 0.0 if tokens >= self.capacity else math.inf
-        return {
-            "tokens": max(0.0, tokens),
-            "capacity": self.capacity,
-            "remaining": max(0.0, tokens),
-            "full_in": full_in,
-        }
+    def inspect(self, state: Any, now: float) -> dict:
+        """`tokens` is the real balance: below zero while a settled charge is in debt, which
+        `debt_clears_in` seconds pay off (0 when not in debt; inf for a bucket that never
+        refills); `remaining`, what a request may take now, is never below zero."""
+        return bucket_state(self._tokens(state, now), self.capacity, self.rate, self.slack)
+
+
+def bucket_state(tokens: float, capacity: float, rate: float, slack: float = EPSILON) -> dict:
+    """What operators see of a bucket with `tokens` in it (see TokenBucket.inspect)."""
+    in_debt = tokens < -slack  # within the slack a bucket is as good as empty, as in wait()
+    if rate:
+        full_in, debt_clears_in = (capacity - tokens) / rate, -tokens / rate if in_debt else 0.0
+    else:
+        full_in, debt_clears_in = 0.0 if tokens >= capacity else math.inf, math.inf if in_debt else 0.0
+    return {
+        "tokens": tokens,
+        "capacity": capacity,
+        "remaining": max(0.0, tokens),
+        "full_in": full_in,
+        "debt_clears_in": debt_clears_in,
+    }
 
 
 @register("gcra")
@@ -137,6 +150,7 @@ class GCRA(TokenBucket):
     )
 
     scaled_params = ("rate", "burst")
+    burst: float  # a parameter, set from `params`
 
     def setup(self) -> None:
         self.capacity = float(self.burst)

@@ -32,7 +32,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from types import TracebackType
+from typing import Any, Literal
 from urllib.parse import quote, urlsplit
 
 from .decision import OK, Decision
@@ -90,8 +91,8 @@ def decision_from_json(data: Any, status: int | None = None) -> Decision:
 def wait_until_allowed(
     decide: Callable[[], Decision], timeout: float | None, clock: Callable[[], float], sleep: Callable[[float], None]
 ) -> Decision:
-    """Ask `decide()` until it allows, sleeping its `retry_after` in between (seed 002's
-    throttle). Gives up, returning the last denial, as soon as the wait would end past
+    """Ask `decide()` until it allows, sleeping its `retry_after` in between (as
+    core.Throttle does in process). Gives up, returning the last denial, as soon as the wait would end past
     `timeout` seconds from now, so it never sleeps past the deadline; at once when the wait
     is infinite. `timeout=None` waits as long as it takes."""
     deadline = math.inf if timeout is None else clock() + max(0.0, timeout)
@@ -151,10 +152,12 @@ class RemoteReservation:
     def __enter__(self) -> RemoteReservation:
         return self
 
-    def __exit__(self, exc_type, exc, traceback) -> bool:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> Literal[False]:
         if self.settled:
             return False
-        if exc_type is None:
+        if exc is None:
             self.commit()
             return False
         try:
@@ -220,7 +223,7 @@ class LimiterClient:
     def acquire(
         self, keys: Mapping[str, str], cost: float = 1, timeout: float | None = 10.0, priority: str | None = None
     ) -> Decision:
-        """Block until the request may go: seed 002's throttle, with the server deciding.
+        """Block until the request may go: core.Throttle's waiting, with the server deciding.
 
         Sleeps each denial's `retry_after` and asks again. Returns the allowing decision, or
         the last denial as soon as waiting would end past `timeout` seconds from the call
@@ -292,7 +295,7 @@ class LimiterClient:
     def __enter__(self) -> LimiterClient:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

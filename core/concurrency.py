@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from typing import Any
 
 from .params import Param, _number
 from .rules import Rule, register
@@ -19,6 +20,8 @@ class Concurrency(Rule):
 
     leased = True
     counts_requests = True
+    limit: int  # the parameters, set from `params`
+    lease: float
     scaled_params = ("limit",)
     params = (
         Param("limit", kind="integer", help="Most requests in flight at once.", minimum=1, maximum=1_000_000),
@@ -46,30 +49,30 @@ class Concurrency(Rule):
             del slots[lease]
         return slots
 
-    def wait(self, state, now, cost, floor):
+    def wait(self, state: Any, now: float, cost: float, floor: float) -> float:
         slots = self._live(state, now)
         surplus = (len(slots) if slots else 0) + cost + floor - self.capacity
         if surplus <= 0:
             return 0.0
-        if cost + floor > self.capacity:
+        if cost + floor > self.capacity or not slots:
             return math.inf
         # The slots free up in order of expiry; wait for as many as are needed.
         return heapq.nsmallest(math.ceil(surplus), slots.values())[-1] - now
 
-    def take(self, state, now, cost, lease):
+    def take(self, state: Any, now: float, cost: float, lease: str | None) -> Any:
         if state is None:
             state = [0.0, 0.0, {}]
-        slots = self._live(state, now)
-        slots[lease] = now + self.lease
+        self._live(state, now)
+        state[2][lease] = now + self.lease
         return self._settle(state)
 
-    def release(self, state, now, lease):
+    def release(self, state: Any, now: float, lease: str) -> Any:
         slots = self._live(state, now)
         if not slots or slots.pop(lease, None) is None:
             return None
         return self._settle(state, now)
 
-    def shorten_lease(self, state, lease, until):
+    def shorten_lease(self, state: Any, lease: str, until: float) -> Any:
         slots = state[2] if state is not None else None
         if slots and slots.get(lease, until) > until:
             slots[lease] = until
@@ -82,11 +85,11 @@ class Concurrency(Rule):
         state[1] = self.capacity - len(slots)
         return state
 
-    def remaining(self, state, now):
+    def remaining(self, state: Any, now: float) -> float:
         slots = self._live(state, now)
         return max(0.0, self.capacity - (len(slots) if slots else 0))
 
-    def inspect(self, state, now):
+    def inspect(self, state: Any, now: float) -> dict:
         slots = self._live(state, now)
         in_flight = len(slots) if slots else 0
         return {

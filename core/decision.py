@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import math
-from collections import namedtuple
+from typing import NamedTuple, final
 
 OK, RATE_LIMITED, COST_EXCEEDS_LIMIT = "OK", "RATE_LIMITED", "COST_EXCEEDS_LIMIT"
 STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
 NO_NAMES: tuple[str, ...] = ()
 INFINITY = math.inf
 
-_DECISION_FIELDS = (
-    "allowed",
-    "retry_after",
-    "blocked_by",
-    "reason",
-    "remaining",
-    "degraded",
-    "lease",
-    "shadow_blocked",
-)
 
-
-class Decision(
-    namedtuple("DecisionFields", _DECISION_FIELDS, defaults=(0.0, None, OK, INFINITY, False, None, NO_NAMES))
-):
+@final  # so that `type(x) is Decision` tells a Decision from a store's Finding, for mypy too
+class Decision(NamedTuple):
     """The answer to "may this request go?".
 
     allowed: whether it may go now. retry_after: seconds to wait, 0 when allowed,
@@ -33,15 +21,23 @@ class Decision(
     remaining: the tightest rule's room after this decision. degraded: decided by a fail
     mode because the store was down. lease: hand it to `release()` when a concurrency slot
     was taken. shadow_blocked: the shadow rules that would have denied.
+
+    Two decisions are equal when all but their leases are: a lease id is unique by design.
     """
 
-    __slots__ = ()
+    allowed: bool
+    retry_after: float = 0.0
+    blocked_by: str | None = None
+    reason: str = OK
+    remaining: float = INFINITY
+    degraded: bool = False
+    lease: str | None = None
+    shadow_blocked: tuple[str, ...] = NO_NAMES
 
     def as_dict(self) -> dict:
-        return dict(zip(_DECISION_FIELDS, self))
+        return self._asdict()
 
     def __eq__(self, other: object) -> bool:
-        # Lease ids are unique by design, so two decisions alike in all else are equal.
         if not isinstance(other, Decision):
             return NotImplemented
         return self[:6] == other[:6] and self[7] == other[7]
@@ -50,7 +46,9 @@ class Decision(
         equal = self.__eq__(other)
         return equal if equal is NotImplemented else not equal
 
-    __hash__ = tuple.__hash__
+    def __hash__(self) -> int:
+        # What __eq__ compares, and nothing else: equal decisions hash alike.
+        return hash((self[:6], self[7]))
 
     def __repr__(self) -> str:
         if self.allowed:
@@ -58,7 +56,7 @@ class Decision(
         return f"<Decision denied {self.reason} by {self.blocked_by!r} retry_after={self.retry_after!r}>"
 
 
-# Builds a Decision from a full tuple without a Python-level __init__.
+# Builds a Decision from a full tuple without a Python-level __new__: the hot path's way.
 _make = tuple.__new__
 
 

@@ -18,6 +18,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -37,7 +38,7 @@ from .reservations import (
     clean_reservation_id,
 )
 from .rules import Rule
-from .stores import Check, MemoryStore, Store
+from .stores import Check, MemoryStore, Outcome, Store
 
 # About 2 KB a plan, so at most ~40 MB; a key set beyond that costs a rebuild (~20 us).
 PLAN_CACHE_SIZE = 20_000
@@ -50,22 +51,23 @@ _lease_prefix = os.urandom(6).hex()
 _lease_numbers = itertools.count(1)
 
 
+@dataclass(slots=True, eq=False)
 class Plan:
-    """A key set and priority, resolved once: the store's plan plus what names the results."""
+    """A key set and priority, resolved once: the store's plan, the call that decides on it,
+    and what names the results."""
 
-    __slots__ = (
-        "store_plan",
-        "decide",
-        "checks",
-        "names",
-        "reasons",
-        "max_cost",
-        "too_big",
-        "stateless",
-        "leased",
-        "lean_max_cost",
-        "longest_hold",
-    )
+    store_plan: Any  # what the store's prepare() made of the stateful checks
+    decide: Callable[[float, float, str | None], Outcome]  # the store's decider(store_plan)
+    checks: list[Check]  # the stateful checks, in level order
+    names: list[str]  # each check's "level: rule", for blocked_by
+    reasons: list[str]  # each check's label, or RATE_LIMITED
+    stateless: list[tuple[Check, str, Rule]]  # the stateless checks, with their names
+    max_cost: float  # the largest cost that can ever fit
+    too_big: int  # the index (stateful, then stateless) of the rule that sets max_cost
+    leased: bool  # whether a check holds a concurrency slot per request
+    lean_max_cost: float  # the largest cost acquire() decides on its lean path; -inf: none
+    longest_hold: float  # how long a reservation may hold: at most the shortest lease
+    named: int  # how many levels the key set named (with a key that is not None)
 
 
 class HierarchicalLimiter:
@@ -87,14 +89,17 @@ class HierarchicalLimiter:
         self.clock = clock if clock is not None else self.store.clock
         self.priorities = dict(priorities or {})
         self._level_names = tuple(self.levels)
+        self._level_count = len(self._level_names)
+        self._known = ", ".join(self._level_names) or "none"
         # The plan cache's key: the key of every level, in level order. A request that
         # leaves a level out misses here (KeyError) and is found by _plan() instead.
-        self._signature = itemgetter(*self._level_names) if self.levels else tuple
+        self._signature: Callable[[Mapping[str, str]], Any] = itemgetter(*self._level_names) if self.levels else tuple
         # What blocked_by shows for each rule, worked out once rather than per plan.
         self._named_rules = {
             level: [(rule, f"{level}: {rule.display()}") for rule in rules] for level, rules in self.levels.items()
         }
-        self._plans: dict[str | None, dict[tuple, Plan]] = {}  # by priority, then keys
+        self._rules_by_name = {name: rule for named in self._named_rules.values() for rule, name in named}
+        self._plans: dict[str | None, dict[Any, Plan]] = {}  # by priority, then keys
 
     @classmethod
     def from_config(
@@ -119,13 +124,18 @@ class HierarchicalLimiter:
             plan = self._plans[priority][self._signature(keys)]
         except (KeyError, AttributeError, TypeError):
             plan = self._plan(keys, priority)
+        else:
+            # Every level has a key here, so a key set of another size names a level that
+            # does not exist: _plan() refuses it. A cached plan was checked when built.
+            if len(keys) != self._level_count:
+                plan = self._plan(keys, priority)
         if not 0 < cost <= plan.lean_max_cost:  # also false for NaN
             return self._acquire_slowly(plan, cost, keys, priority)
         try:
             outcome = plan.decide(cost, self.clock(), None)
         except StoreUnavailable:
             return self._degraded(plan, keys, cost, priority)
-        if outcome.__class__ is Decision:
+        if type(outcome) is Decision:
             return outcome  # the store built the plain allowed decision itself
         blocker, wait, remaining, shadows = outcome
         if shadows:
@@ -154,9 +164,13 @@ class HierarchicalLimiter:
             return self._degraded(plan, keys, cost, priority)
         return self._finish(plan, outcome, lease, shadowed)
 
-    def _finish(self, plan: Plan, outcome: Any, lease: str | None, shadowed: tuple) -> Decision:
+    def _finish(self, plan: Plan, outcome: Outcome, lease: str | None, shadowed: tuple[str, ...]) -> Decision:
         """The decision from what the store found, with the stateless shadow rules' names."""
-        decision = outcome if outcome.__class__ is Decision else self._outcome(plan, *outcome, lease)
+        if isinstance(outcome, Decision):
+            decision = outcome
+        else:
+            blocker, wait, remaining, shadows = outcome
+            decision = self._outcome(plan, blocker, wait, remaining, shadows, lease)
         return decision._replace(shadow_blocked=decision.shadow_blocked + shadowed) if shadowed else decision
 
     @staticmethod
@@ -190,7 +204,7 @@ class HierarchicalLimiter:
 
     def inspect(self, level: str, key: str) -> list[dict]:
         """The live state of every rule that applies to `key` at `level`."""
-        plan = self._plan({level: key}, None)
+        plan = self._one_level(level, key)
         states = self.store.inspect(plan.store_plan, self.clock())
         return [{**_row(check), "state": state} for check, state in zip(plan.checks, states)]
 
@@ -253,7 +267,9 @@ class HierarchicalLimiter:
         if record["status"] != OPEN:
             raise ReservationSettled(f"reservation {reservation_id!r} is already {record['status']}")
         # No priority: floors do not matter to a settlement, and the class may be gone since.
-        plan = self._plan(record["keys"], None)
+        # A level gone from the limiter since has nothing left to give back or charge.
+        keys = {level: key for level, key in record["keys"].items() if level in self.levels}
+        plan = self._plan(keys, None) if keys else self._assemble([], [], 0)
         delta, released = self.store.settle(plan.store_plan, reservation_id, actual_cost, now)
         return Settlement(
             reservation_id,
@@ -265,19 +281,37 @@ class HierarchicalLimiter:
 
     def reset(self, level: str, key: str) -> None:
         """Forget every rule's state for `key` at `level`: its buckets start full."""
-        self.store.reset(self._plan({level: key}, None).store_plan)
+        self.store.reset(self._one_level(level, key).store_plan)
+
+    def rule_named(self, name: str | None) -> Rule | None:
+        """The rule that a decision's `blocked_by` names, or None."""
+        return self._rules_by_name.get(name) if name is not None else None
+
+    def _one_level(self, level: str, key: str) -> Plan:
+        """The plan of one key at one level, for inspect and reset."""
+        if not isinstance(level, str) or level not in self.levels:
+            raise InvalidRequest(f"unknown level {level!r} (known: {self._known})", "level")
+        return self._plan({level: key}, None)
 
     def _plan(self, keys: Mapping[str, str], priority: str | None) -> Plan:
-        """The plan for a key set and priority: from the cache, or built and cached."""
+        """The plan for a key set and priority: from the cache, or built and cached. A key
+        set that names a level this limiter does not have, or none of its levels, is
+        refused: either would leave the request unlimited."""
         if not isinstance(keys, Mapping):
             raise InvalidRequest("must map level names to keys", "keys")
-        signature = tuple(map(keys.get, self._level_names))
-        if len(signature) == 1:
-            signature = signature[0]  # what itemgetter gives for a single level
+        values = tuple(map(keys.get, self._level_names))
+        signature = values[0] if len(values) == 1 else values  # what itemgetter gives
         try:
-            return self._plans[priority][signature]
+            plan = self._plans[priority][signature]
         except (KeyError, TypeError):
             pass  # not cached yet, or a key or priority that is no name at all
+        else:
+            # The same keys at the known levels: only a level it does not know, or one
+            # given as None, can make the key set longer than what the plan was built from.
+            if len(keys) != plan.named:
+                self._check_levels(keys)
+            return plan
+        self._check_levels(keys)
         plan = self._build_plan(keys, self._priority(priority))
         plans = self._plans.setdefault(priority, {})
         if len(plans) >= PLAN_CACHE_SIZE:
@@ -295,44 +329,62 @@ class HierarchicalLimiter:
             raise InvalidRequest(f"unknown priority {name!r} (known: {known})", "priority")
         return self.priorities[name]
 
+    def _check_levels(self, keys: Mapping[str, str]) -> None:
+        """InvalidRequest unless every level of `keys` is one of this limiter's and at least
+        one of them has a key (None stands for a level left out)."""
+        for level in keys:
+            if level not in self.levels:
+                raise InvalidRequest(f"unknown level {level!r} (known: {self._known})", f"keys.{level}")
+        if all(keys.get(level) is None for level in self._level_names):
+            raise InvalidRequest(f"must name at least one level (known: {self._known})", "keys")
+
     def _build_plan(self, keys: Mapping[str, str], priority: PriorityClass | None) -> Plan:
-        stateful, stateless = [], []
+        stateful: list[tuple[Check, str]] = []
+        stateless: list[tuple[Check, str]] = []
+        named = 0
         for level, rules in self._named_rules.items():
             key = keys.get(level)
             if key is None:
                 continue
             if not isinstance(key, str) or not key:
                 raise InvalidRequest("must be a non-empty string", f"keys.{level}")
+            named += 1
             for rule, name in rules:
                 floor = priority.floor(level, rule) if priority else 0.0
                 (stateful if rule.stateful else stateless).append((Check(level, key, rule, floor), name))
-        return self._assemble(stateful, stateless)
+        return self._assemble(stateful, stateless, named)
 
-    def _assemble(self, stateful: list, stateless: list) -> Plan:
-        plan = Plan()
-        plan.checks = [check for check, _ in stateful]
-        plan.names = [name for _, name in stateful]
-        plan.reasons = [check.rule.label or RATE_LIMITED for check, _ in stateful]
-        plan.stateless = [(check, name, check.rule) for check, name in stateless]
-        plan.leased = any(check.rule.leased for check in plan.checks)
-        # A reservation must not outlive its concurrency slot: it holds for at most the
-        # shortest lease of the plan.
-        plan.longest_hold = min(
-            (float(getattr(check.rule, "lease", LONGEST_HOLD)) for check in plan.checks if check.rule.leased),
-            default=LONGEST_HOLD,
-        )
+    def _assemble(self, stateful: list[tuple[Check, str]], stateless: list[tuple[Check, str]], named: int) -> Plan:
+        checks = [check for check, _ in stateful]
+        leased = any(check.rule.leased for check in checks)
         limits = [
             (check.rule.max_cost(check.floor), i)
             for i, (check, _) in enumerate(stateful + stateless)
             if not check.rule.shadow
         ]
-        plan.max_cost, plan.too_big = min(limits, default=(INFINITY, -1))
+        max_cost, too_big = min(limits, default=(INFINITY, -1))
         # The lean path in acquire() serves plans with nothing but stateful, unleased rules.
-        lean = not (plan.leased or plan.stateless)
-        plan.lean_max_cost = min(plan.max_cost, LARGEST_NUMBER) if lean else -INFINITY
-        plan.store_plan = self.store.prepare(plan.checks)
-        plan.decide = self.store.decider(plan.store_plan)
-        return plan
+        lean = not (leased or stateless)
+        store_plan = self.store.prepare(checks)
+        return Plan(
+            store_plan=store_plan,
+            decide=self.store.decider(store_plan),
+            checks=checks,
+            names=[name for _, name in stateful],
+            reasons=[check.rule.label or RATE_LIMITED for check, _ in stateful],
+            stateless=[(check, name, check.rule) for check, name in stateless],
+            max_cost=max_cost,
+            too_big=too_big,
+            leased=leased,
+            lean_max_cost=min(max_cost, LARGEST_NUMBER) if lean else -INFINITY,
+            # A reservation must not outlive its concurrency slot: it holds for at most the
+            # shortest lease of the plan.
+            longest_hold=min(
+                (float(getattr(check.rule, "lease", LONGEST_HOLD)) for check in checks if check.rule.leased),
+                default=LONGEST_HOLD,
+            ),
+            named=named,
+        )
 
     def _degraded(self, plan: Plan, keys: Mapping[str, str], cost: float, priority: str | None) -> Decision:
         """The store is unreachable: each level of the plan applies its fail mode. A closed
@@ -422,7 +474,7 @@ class _Pending(NamedTuple):
     keys: Mapping[str, str]
     cost: float
     priority: str | None
-    now: float | None
+    now: float
     lease: str | None
     shadowed: tuple
 
@@ -437,7 +489,7 @@ def acquire_batch(items: Sequence[tuple]) -> list[Decision]:
     decisions: list = [None] * len(entries)
     waiting: list[int] = []
     for i, entry in enumerate(entries):
-        if entry.__class__ is Decision:
+        if type(entry) is Decision:
             decisions[i] = entry
         elif entry is None:  # made alone, in its turn: what came before must be decided first
             _decide_waiting(entries, waiting, decisions)

@@ -1,4 +1,4 @@
-"""A single-level facade: `allow_request(client_id) -> bool`, for middleware (seed 001).
+"""A single-level facade: `allow_request(client_id) -> bool`, for middleware.
 
 Middleware depends only on `allow_request`; the algorithm behind it is whatever rule spec
 the limiter was built from, so swapping it changes no call site.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Any
 
 from .params import Param, _number
 from .rules import EPSILON, Rule, register
@@ -20,6 +21,8 @@ class WindowRule(Rule):
 
     params = WINDOW_PARAMS
     scaled_params = ("limit",)
+    limit: float  # the parameters, set from `params`
+    window: float
 
     def setup(self) -> None:
         self.capacity = float(self.limit)
@@ -41,13 +44,13 @@ class FixedWindow(WindowRule):
     State: (idle_at, room, window index, used).
     """
 
-    def _used(self, state, now: float) -> tuple[int, float]:
+    def _used(self, state: Any, now: float) -> tuple[int, float]:
         index = int(now / self.window)  # as Lua's math.floor(now / window)
         if state is None or state[2] != index:
             return index, 0.0
         return index, state[3]
 
-    def wait(self, state, now, cost, floor):
+    def wait(self, state: Any, now: float, cost: float, floor: float) -> float:
         index, used = self._used(state, now)
         if self._over(used, cost, floor) <= EPSILON:
             return 0.0
@@ -55,14 +58,14 @@ class FixedWindow(WindowRule):
             return math.inf
         return (index + 1) * self.window - now
 
-    def attempt(self, state, now, cost, floor):
+    def attempt(self, state: Any, now: float, cost: float, floor: float) -> Any:
         index, used = self._used(state, now)
         used += cost
         if used + floor - self.capacity > EPSILON:
             return self.wait(state, now, cost, floor) or EPSILON
         return (index + 1) * self.window, self.capacity - used, index, used
 
-    def adjust(self, state, now, delta, taken_at):
+    def adjust(self, state: Any, now: float, delta: float, taken_at: float) -> Any:
         index, used = self._used(state, now)
         if delta > 0:
             used += delta  # into the current window, over the limit if need be
@@ -74,10 +77,10 @@ class FixedWindow(WindowRule):
             return None
         return (index + 1) * self.window, self.capacity - used, index, used
 
-    def remaining(self, state, now):
+    def remaining(self, state: Any, now: float) -> float:
         return max(0.0, self.capacity - self._used(state, now)[1])
 
-    def inspect(self, state, now):
+    def inspect(self, state: Any, now: float) -> dict:
         index, used = self._used(state, now)
         return {
             "used": used,
@@ -114,12 +117,12 @@ class SlidingWindowLog(WindowRule):
             used += spent
         return used
 
-    def wait(self, state, now, cost, floor):
+    def wait(self, state: Any, now: float, cost: float, floor: float) -> float:
         log = self._prune(state, now)
         over = self._over(self._used(log), cost, floor)
         if over <= EPSILON:
             return 0.0
-        if cost + floor > self.capacity:
+        if cost + floor > self.capacity or log is None:
             return math.inf
         freed = 0.0
         for stamp, spent in log[2]:  # oldest first: wait until enough of them leave
@@ -128,14 +131,14 @@ class SlidingWindowLog(WindowRule):
                 return stamp + self.window - now
         return math.inf
 
-    def take(self, state, now, cost, lease):
+    def take(self, state: Any, now: float, cost: float, lease: str | None) -> Any:
         log = self._prune(state, now) or [0.0, 0.0, deque()]
         log[2].append((now, cost))
         log[0] = now + self.window  # idle once the newest entry has left
         log[1] = self.capacity - self._used(log)
         return log
 
-    def adjust(self, state, now, delta, taken_at):
+    def adjust(self, state: Any, now: float, delta: float, taken_at: float) -> Any:
         if delta > 0:
             return self.take(state, now, delta, None)  # a new entry, at now
         log = self._prune(state, now)
@@ -160,10 +163,10 @@ class SlidingWindowLog(WindowRule):
         log[1] = self.capacity - self._used(log)
         return log
 
-    def remaining(self, state, now):
+    def remaining(self, state: Any, now: float) -> float:
         return max(0.0, self.capacity - self._used(self._prune(state, now)))
 
-    def inspect(self, state, now):
+    def inspect(self, state: Any, now: float) -> dict:
         log = self._prune(state, now)
         used = self._used(log)
         return {
@@ -185,7 +188,7 @@ class SlidingWindowCounter(WindowRule):
     window's cost that the weight discounts. We accept it for the constant memory.
     """
 
-    def _counts(self, state, now: float) -> tuple[int, float, float]:
+    def _counts(self, state: Any, now: float) -> tuple[int, float, float]:
         index = int(now / self.window)  # as Lua's math.floor(now / window)
         if state is None:
             return index, 0.0, 0.0
@@ -200,7 +203,7 @@ class SlidingWindowCounter(WindowRule):
         weight = 1.0 - (now - index * self.window) / self.window
         return current + previous * weight
 
-    def wait(self, state, now, cost, floor):
+    def wait(self, state: Any, now: float, cost: float, floor: float) -> float:
         index, previous, current = self._counts(state, now)
         room = self.capacity - floor
         if self._estimate(index, previous, current, now) + cost <= room + EPSILON:
@@ -217,14 +220,14 @@ class SlidingWindowCounter(WindowRule):
         later = self.window * (1.0 - target / current) if current > target else 0.0
         return start + self.window + later - now
 
-    def attempt(self, state, now, cost, floor):
+    def attempt(self, state: Any, now: float, cost: float, floor: float) -> Any:
         index, previous, current = self._counts(state, now)
         left = self.capacity - self._estimate(index, previous, current, now) - cost
         if left - floor < -EPSILON:
             return self.wait(state, now, cost, floor) or EPSILON
         return (index + 2) * self.window, left, index, previous, current + cost
 
-    def adjust(self, state, now, delta, taken_at):
+    def adjust(self, state: Any, now: float, delta: float, taken_at: float) -> Any:
         index, previous, current = self._counts(state, now)
         if delta > 0:
             current += delta
@@ -240,11 +243,11 @@ class SlidingWindowCounter(WindowRule):
         left = self.capacity - self._estimate(index, previous, current, now)
         return (index + 2) * self.window, left, index, previous, current
 
-    def remaining(self, state, now):
+    def remaining(self, state: Any, now: float) -> float:
         index, previous, current = self._counts(state, now)
         return max(0.0, self.capacity - self._estimate(index, previous, current, now))
 
-    def inspect(self, state, now):
+    def inspect(self, state: Any, now: float) -> dict:
         index, previous, current = self._counts(state, now)
         estimate = self._estimate(index, previous, current, now)
         full_at = (index + 2) * self.window if current else (index + 1) * self.window

@@ -19,6 +19,7 @@ import json
 import math
 import time
 from datetime import datetime
+from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
@@ -214,7 +215,7 @@ class DashboardViews:
         refused = _allow(request, "GET", "HEAD")
         if refused:
             return refused
-        context = {"search": search_context(request.GET.get("q", ""))}
+        context: dict[str, Any] = {"search": search_context(request.GET.get("q", ""))}
         if request.headers.get("HX-Request"):
             return TemplateResponse(request, PARTIALS + "_search.html", context)
         context.update(self.site.each_context(request), title="Find a tenant or user")
@@ -410,6 +411,7 @@ def _rule_row(rule: dict) -> dict:
         "value": _round(value),
         "most": most,
         "full_in": _duration(state.get("full_in"), never="never (does not refill)", zero="full now"),
+        "debt": _debt(state),
     }
 
 
@@ -419,6 +421,14 @@ def shown_rules(query: BucketQuery) -> str:
     level = query.cleaned_data["level"]
     rules = policy_cache().limiter_for(query.team_key).levels.get(level, [])
     return json.dumps([f"{level}: {rule.display()}" for rule in rules if rule.stateful])
+
+
+def _debt(state: dict) -> str | None:
+    """For a bucket below zero (a settled charge above its estimate): when it is back above."""
+    clears_in = state.get("debt_clears_in", 0.0)  # null in JSON: it never refills
+    if clears_in == 0.0:
+        return None
+    return f"in debt: back above zero in {_duration(clears_in)}" if clears_in else "in debt for good (never refills)"
 
 
 def reset_buckets(request, query: BucketQuery) -> None:

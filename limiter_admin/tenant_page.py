@@ -100,7 +100,9 @@ class TenantViews:
             return refused
         form = RaiseForm(request.POST)
         if not form.is_valid():
-            problems = "; ".join(f"{name}: {' '.join(errors)}" for name, errors in form.errors.items())
+            problems = "; ".join(
+                f"{name}: {' '.join(str(error) for error in errors)}" for name, errors in form.errors.items()
+            )
             messages.error(request, f"Nothing was raised: {problems}.")
             key = request.POST.get("key")
             return HttpResponseRedirect(tenant_url(key) if key else reverse("admin:dashboard"))

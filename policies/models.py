@@ -104,6 +104,8 @@ class Versioned(models.Model):
     """Optimistic locking: every save bumps `version`, and a save of a stale copy is refused."""
 
     version = models.PositiveIntegerField(default=1, editable=False)
+    # Set before a save to give its history record a reason (django-simple-history reads it).
+    _change_reason: str
 
     class Meta:
         abstract = True

@@ -81,15 +81,17 @@ def raise_limit(
 def why_not(tenant: Tenant | None, level: str, until: datetime | None, now: datetime) -> str | None:
     """Why a quick raise at `level` lasting until `until` would change when another override
     ends, or None when it would not. `until=None`: the longest raise (MAX_HOURS) would."""
+    if tenant is None:
+        return None  # no tenant row: no override of its own to end sooner or later
     until = until if until is not None else now + timedelta(hours=MAX_HOURS)
-    overrides = list(tenant.rules.select_related("level")) if tenant else []
+    overrides = list(tenant.rules.select_related("level"))
     others = sorted({r.level.name for r in overrides if r.level.name != level})
     if others:
         return (
             f"{tenant.key} has overrides at {', '.join(others)}: a quick raise would change when they end. "
             "Edit the tenant's overrides on its admin page instead."
         )
-    expiry = tenant.overrides_until if tenant else None
+    expiry = tenant.overrides_until
     applies = bool(overrides) and (expiry is None or expiry > now)
     if applies and (expiry is None or expiry > until):
         ends = "without end" if expiry is None else f"until {expiry:%Y-%m-%d %H:%M} UTC"

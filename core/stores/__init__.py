@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
@@ -11,7 +12,7 @@ from .memory import MemoryStore
 __all__ = ["Check", "MemoryStore", "Outcome", "Store", "store_from_url"]
 
 
-def store_from_url(url: str, **options) -> Store:
+def store_from_url(url: str, **options: Any) -> Store:
     """`memory://` for this process; `redis://host:port/db` (or `rediss://`, `unix://`)
     for state shared by every process that uses the same Redis; `redis-cluster://host:port
     [,host:port...]` for a Redis Cluster (see stores/cluster.py for its key layout)."""

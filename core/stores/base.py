@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
+from ..decision import Decision
 from ..errors import StoreUnavailable
 from ..reservations import new_reservation_id
 from ..rules import Rule
@@ -30,15 +31,14 @@ class Check(NamedTuple):
     floor: float  # what a priority watermark keeps in reserve, in the rule's units
 
 
-class Outcome(NamedTuple):
-    """What `decide` found. `blocker` is the index of the check that denied, or -1.
-    A store may instead return the finished Decision for a plain allowed decision
-    (`core.decision.allowed(remaining)`), which saves the limiter a step."""
-
-    blocker: int
-    wait: float
-    remaining: float
-    shadow_blocked: tuple[int, ...]
+# What `decide` found, as a plain tuple (the hot path builds no object for it):
+# (blocker, wait, remaining, shadow_blocked). `blocker` is the index of the check that denied,
+# or -1; `wait` its wait; `remaining` the room of the tightest rule (of the blocker, on a
+# denial); `shadow_blocked` the indices of the shadow checks that would have denied.
+Finding: TypeAlias = tuple[int, float, float, tuple[int, ...]]
+# What `decide` returns: a Finding, or, for a plain allowed decision, the finished Decision
+# (`core.decision.allowed(remaining)`), which saves the limiter a step.
+Outcome: TypeAlias = Finding | Decision
 
 
 class Store:
@@ -85,7 +85,7 @@ class Store:
 
     # --- batches ------------------------------------------------------------------------
 
-    def decide_many(self, items: Sequence[tuple[Any, float, float | None, str | None]]) -> list[Outcome | Any]:
+    def decide_many(self, items: Sequence[tuple[Any, float, float, str | None]]) -> list[Outcome | StoreUnavailable]:
         """`decide` for each (plan, cost, now, lease), in order, as if one after the other.
         An item the store could not decide comes back as its StoreUnavailable (the others
         still count). The default is a loop; a remote store sends them in one round trip."""
@@ -109,7 +109,7 @@ class Store:
         live beside the plan's keys (a cluster's shard) may name that place in the id."""
         return new_reservation_id()
 
-    def reserve(self, plan: Any, cost: float, now: float, lease: str | None, record: dict) -> Outcome | Any:
+    def reserve(self, plan: Any, cost: float, now: float, lease: str | None, record: dict) -> Outcome:
         """`decide`, and when it takes, keep `record` (a Reservation's to_dict()) open until
         its `expires_at`, so that `settle` can find it from any process using this store."""
         raise NotImplementedError(f"{type(self).__name__} must implement reserve()")
@@ -119,7 +119,7 @@ class Store:
         "cancelled"); None when unknown or expired at `now` (None: the store's own time)."""
         raise NotImplementedError(f"{type(self).__name__} must implement reservation()")
 
-    def settle(self, plan: Any, reservation_id: str, actual_cost: float | None, now: float | None) -> tuple[float, int]:
+    def settle(self, plan: Any, reservation_id: str, actual_cost: float | None, now: float) -> tuple[float, int]:
         """In one atomic step: check the record is open, mark it settled (it stays until it
         expires, as a tombstone), give back or charge `actual_cost - cost` at every rule
         that counts cost (all of it when `actual_cost` is None: a cancel), and release the

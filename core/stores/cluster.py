@@ -35,8 +35,8 @@ import math
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, final
 from urllib.parse import urlsplit
 
 from redis.backoff import NoBackoff
@@ -52,6 +52,7 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
+from ..buckets import bucket_state
 from ..decision import Decision
 from ..errors import ConfigError
 from .base import Check, Outcome
@@ -85,17 +86,29 @@ REFRESH_EVERY = 0.1
 GLOBAL_MODES = ("split", "lease")
 
 
+@final  # so that `type(plan) is LeasedPlan` tells the two kinds of plan apart, for mypy too
 class ClusterPlan(RedisPlan):
     """A plan on one shard, or, when nothing picks a shard, one plan per shard taken in turn."""
 
     __slots__ = ("shard", "turns", "variants")
+    shard: int
+    turns: Iterator[int]
+    variants: list[ClusterPlan]
 
     def pick(self) -> ClusterPlan:
         return self.variants[next(self.turns) % len(self.variants)] if self.variants else self
 
 
 class ClusterStore(RedisStore):
-    """Rule state in a Redis Cluster; see the module's docstring for the key layout."""
+    """Rule state in a Redis Cluster; see the module's docstring for the key layout.
+
+    Its plans are ClusterPlans, or LeasedPlans where a level's budget is leased: its methods
+    take only the plans it prepared, narrower than the Redis store's (hence the ignored
+    `override` errors: a store's plan is opaque to the limiter, which hands each store its own).
+    """
+
+    client: RedisCluster
+    batch_client: RedisCluster
 
     def __init__(
         self,
@@ -142,7 +155,7 @@ class ClusterStore(RedisStore):
     def key_name(self, level: str, key: str, rule: Any, shard: int = 0) -> str:
         return f"{self.prefix}:{{s{shard}}}:{level}:{key}:{rule_tag(rule)}"
 
-    def prepare(self, checks: Sequence[Check]) -> ClusterPlan | LeasedPlan:
+    def prepare(self, checks: Sequence[Check]) -> ClusterPlan | LeasedPlan:  # type: ignore[override]
         if self.global_mode == "lease":
             leased = [i for i, c in enumerate(checks) if c.level in self.split and leasable(c)]
             if leased:
@@ -187,29 +200,33 @@ class ClusterStore(RedisStore):
 
     # --- calls, each on its shard's breaker -------------------------------------------------
 
-    def decide(self, plan: ClusterPlan, cost: float, now: float | None, lease: str | None) -> Outcome:
-        if plan.__class__ is LeasedPlan:
+    def decide(  # type: ignore[override]
+        self, plan: ClusterPlan | LeasedPlan, cost: float, now: float | None, lease: str | None
+    ) -> Outcome:
+        if type(plan) is LeasedPlan:
             return self._leased(plan, cost, now, lambda inner: self.decide(inner, cost, now, lease))
         plan = plan.pick()
         return self._on(plan.shard, super().decide, plan, cost, now, lease)
 
-    def release(self, plan: ClusterPlan, now: float | None, lease: str) -> int:
-        if plan.__class__ is LeasedPlan:
+    def release(self, plan: ClusterPlan | LeasedPlan, now: float | None, lease: str) -> int:  # type: ignore[override]
+        if type(plan) is LeasedPlan:
             return self.release(plan.inner, now, lease) if plan.leased else 0
         return self._on(plan.shard, super().release, plan, now, lease)
 
-    def reserve(self, plan: ClusterPlan, cost: float, now: float, lease: str | None, record: dict) -> Outcome:
-        if plan.__class__ is LeasedPlan:
+    def reserve(  # type: ignore[override]
+        self, plan: ClusterPlan | LeasedPlan, cost: float, now: float, lease: str | None, record: dict
+    ) -> Outcome:
+        if type(plan) is LeasedPlan:
             return self._leased(
                 plan, cost, now, lambda inner: self.reserve(inner, cost, now, lease, record), always=True
             )
         plan = self._variant(plan, record["id"])
         return self._on(plan.shard, super().reserve, plan, cost, now, lease, record)
 
-    def settle(
-        self, plan: ClusterPlan, reservation_id: str, actual_cost: float | None, now: float | None
+    def settle(  # type: ignore[override]
+        self, plan: ClusterPlan | LeasedPlan, reservation_id: str, actual_cost: float | None, now: float | None
     ) -> tuple[float, int]:
-        if plan.__class__ is LeasedPlan:
+        if type(plan) is LeasedPlan:
             delta, released = self.settle(plan.inner, reservation_id, actual_cost, now)
             for _, budget in plan.budgets:  # as settle.lua: rules that count cost, by the difference
                 if not budget.counts_requests:
@@ -223,11 +240,11 @@ class ClusterStore(RedisStore):
             return None
         return super().reservation(reservation_id, now)
 
-    def inspect(self, plan: ClusterPlan, now: float | None) -> list[dict]:
+    def inspect(self, plan: ClusterPlan | LeasedPlan, now: float | None) -> list[dict]:  # type: ignore[override]
         """A split level's key without a shard: every sub-bucket, added up (room and
         capacity summed, the longest time to full). A leased one: its pool and this
         process's slice."""
-        if plan.__class__ is LeasedPlan:
+        if type(plan) is LeasedPlan:
             return self._with_budgets(
                 plan,
                 self.inspect(plan.inner, now) if plan.inner.keys else [],
@@ -238,8 +255,10 @@ class ClusterStore(RedisStore):
         rows = [super(ClusterStore, self).inspect(variant, now) for variant in plan.variants]
         return [_combine(states) for states in zip(*rows)]
 
-    def explain(self, plan: ClusterPlan, cost: float, now: float | None) -> list[tuple[float, float]]:
-        if plan.__class__ is not LeasedPlan:
+    def explain(  # type: ignore[override]
+        self, plan: ClusterPlan | LeasedPlan, cost: float, now: float | None
+    ) -> list[tuple[float, float]]:
+        if type(plan) is not LeasedPlan:
             return super().explain(plan.pick(), cost, now)
 
         def row(budget: Budget) -> tuple[float, float]:
@@ -249,8 +268,8 @@ class ClusterStore(RedisStore):
 
         return self._with_budgets(plan, self.explain(plan.inner, cost, now) if plan.inner.keys else [], row)
 
-    def reset(self, plan: ClusterPlan) -> None:
-        if plan.__class__ is LeasedPlan:
+    def reset(self, plan: ClusterPlan | LeasedPlan) -> None:  # type: ignore[override]
+        if type(plan) is LeasedPlan:
             for _, budget in plan.budgets:
                 budget.allowance = 0.0
                 self._on_pools(self.client.delete, budget.key)
@@ -288,7 +307,8 @@ class ClusterStore(RedisStore):
     ) -> Outcome:
         """Take from every leased slice (denying at the first that cannot give), then let
         Redis decide the other levels; a denial there, or an error, gives the slices back."""
-        taken, room = [], math.inf
+        taken: list[tuple[Budget, float]] = []
+        room = math.inf
         try:
             for index, budget in plan.budgets:
                 amount = 1.0 if budget.counts_requests else cost
@@ -304,9 +324,9 @@ class ClusterStore(RedisStore):
         except BaseException:
             _give_back(taken)
             raise
-        if outcome.__class__ is not Decision and outcome[0] >= 0:
+        if type(outcome) is not Decision and outcome[0] >= 0:
             _give_back(taken)
-        return outcome if outcome.__class__ is Decision else plan.outcome(outcome)
+        return outcome if type(outcome) is Decision else plan.outcome(outcome)
 
     def _lease(
         self, key: str, now: float | None, capacity: float, rate: float, want: float, need: float, give_back: float
@@ -320,11 +340,9 @@ class ClusterStore(RedisStore):
     def _pool_state(self, budget: Budget, now: float | None) -> dict:
         """The pool as it is now (taking nothing), plus what is left of this process's slice."""
         _, pool, _ = self._on_pools(self._lease, budget.key, now, budget.capacity, budget.rate, 0.0, 0.0, 0.0)
-        tokens = min(budget.capacity, pool + max(0.0, budget.allowance))
-        full_in = (
-            0.0 if tokens >= budget.capacity else (budget.capacity - tokens) / budget.rate if budget.rate else math.inf
-        )
-        return {"tokens": tokens, "capacity": budget.capacity, "remaining": tokens, "full_in": full_in, "leased": True}
+        # The slice's allowance is below zero while a settled charge is in debt.
+        tokens = min(budget.capacity, pool + budget.allowance)
+        return {**bucket_state(tokens, budget.capacity, budget.rate), "leased": True}
 
     def _with_budgets(self, plan: LeasedPlan, inner_rows: list, row: Callable) -> list:
         rows: list = [None] * len(plan.checks)
@@ -416,7 +434,7 @@ class ClusterStore(RedisStore):
         """As on one Redis, with each plan that has no shard taking the next in turn. Leased
         plans are decided alone, in their turn (their slices are local)."""
         return super().decide_many(
-            [(plan if plan.__class__ is LeasedPlan else plan.pick(), *rest) for plan, *rest in items]
+            [(plan if type(plan) is LeasedPlan else plan.pick(), *rest) for plan, *rest in items]
         )
 
     def _evalsha_many(self, calls: list[tuple[tuple, str]], client: Any = None) -> list:
@@ -459,7 +477,7 @@ class ClusterStore(RedisStore):
     # --- reservations: the id names its shard, so that its record lives with its keys ------
 
     def new_reservation_id(self, plan: ClusterPlan | LeasedPlan) -> str:
-        inner = plan.inner if plan.__class__ is LeasedPlan else plan
+        inner = plan.inner if type(plan) is LeasedPlan else plan
         return f"{super().new_reservation_id(plan)}.{inner.pick().shard}"
 
     def reservation_key(self, reservation_id: str) -> str:

@@ -53,7 +53,7 @@ class HeldConnections:
         try:
             connection, since = self.idle.pop()
         except IndexError:
-            connection, since = self.pool().get_connection(), None
+            connection, since = self._new_connection(), None
         try:
             if since is not None and self.clock() - since > IDLE_CHECK:
                 _make_ready(connection)
@@ -68,6 +68,12 @@ class HeldConnections:
             raise
         finally:
             self.idle.append((connection, self.clock()))
+
+    def _new_connection(self) -> Any:
+        pool = self.pool()
+        if pool is None:  # its client is gone, and so are the stores that called through it
+            raise redis.ConnectionError("the connection pool is gone")
+        return pool.get_connection()
 
     def close(self) -> None:
         """Give the idle connections back to the pool."""

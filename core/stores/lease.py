@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, final
 
 from ..buckets import GCRA, TokenBucket
 
@@ -83,11 +83,8 @@ class Budget:
         with self._lock:
             self.allowance += amount
 
-    def room(self) -> float:
-        with self._lock:
-            return self.pool + max(0.0, self.allowance)
 
-
+@final  # see ClusterPlan
 class LeasedPlan:
     """A plan whose leasable checks are decided on Budgets and the rest (`inner`, maybe None)
     on Redis. `budgets`: (index among the checks, Budget); `inner_index`: each inner check's

@@ -6,8 +6,9 @@ Decisions on keys in other shards go on in parallel.
 
 Memory stays bounded: every entry carries the time it goes idle (its bucket is full
 again, its window has passed), and a sweep drops idle entries. Sweeps are paid for by
-writes, one shard at a time in turn, so that the whole store is swept once for about every
-`len(store) / 2` writes: on average a few entries looked at per write, and no long pause.
+decisions, allowed or denied, one shard at a time in turn, so that the whole store is swept
+once for about every `len(store) / 2` decisions: on average a few entries looked at per
+decision, and no long pause, even when every request is denied.
 Reservation records live in a dict beside the shards; each new reservation drops the records
 (open or settled) whose hold has run out.
 """
@@ -15,6 +16,7 @@ Reservation records live in a dict beside the shards; each new reservation drops
 from __future__ import annotations
 
 import heapq
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,11 +27,11 @@ from ..decision import NO_NAMES, OK, Decision, allowed
 from ..errors import ReservationNotFound, ReservationSettled
 from ..reservations import CANCELLED, COMMITTED, OPEN
 from ..rules import DEFER, Rule
-from .base import Check, Outcome, Store
+from .base import Check, Finding, Outcome, Store
 
 INFINITY = float("inf")
 NO_SHADOWS: tuple[int, ...] = ()
-SWEEP_MIN_WRITES = 256
+SWEEP_MIN_DECISIONS = 256
 
 
 class MemoryPlan:
@@ -62,7 +64,7 @@ def compile_lean(slots: list, locks: list, store: MemoryStore) -> Callable[..., 
         return lambda cost, now, lease=None: allowed(INFINITY)
     shape = (len(locks), tuple(per_request for *_, per_request in slots))
     make = _LEAN_MAKERS.get(shape) or _LEAN_MAKERS.setdefault(shape, _lean_maker(*shape))
-    values = [deny_after(slots), store._writes, store._sweep_next]
+    values = [deny_after(slots), store._counted, store._sweep_due, store._sweep_next]
     values += [lock.acquire for lock in locks] + [lock.release for lock in locks]
     for rule, table, name, floor, _, _ in slots:
         values += [rule.attempt, table.get, table, name, floor]
@@ -73,7 +75,11 @@ _LEAN_MAKERS: dict[tuple, Callable] = {}
 
 
 def _lean_maker(locks: int, counts_requests: tuple) -> Callable:
-    params = ["deny", "writes", "sweep"] + [f"lock{j}" for j in range(locks)] + [f"unlock{j}" for j in range(locks)]
+    # Every decision, allowed or denied, is counted once the locks are let go (in `finally`,
+    # which a denial's return goes through too), so that a sweep, which takes a shard's
+    # lock, never runs under them.
+    params = ["deny", "counted", "due", "sweep"] + [f"lock{j}" for j in range(locks)]
+    params += [f"unlock{j}" for j in range(locks)]
     lines = [f"        lock{j}()" for j in range(locks)] + ["        try:"]
     for i, per_request in enumerate(counts_requests):
         params += [f"a{i}", f"g{i}", f"t{i}", f"n{i}", f"f{i}"]
@@ -84,7 +90,7 @@ def _lean_maker(locks: int, counts_requests: tuple) -> Callable:
         ]
     lines += [f"            t{i}[n{i}] = s{i}" for i in range(len(counts_requests))]
     lines += ["            pass", "        finally:"] + [f"            unlock{j}()" for j in reversed(range(locks))]
-    lines += ["        writes[0] += 1", "        if writes[0] >= writes[1]: sweep(now)"]
+    lines += ["            if next(counted) >= due[0]: sweep(now)"]
     lines += ["        left = INFINITY"]
     lines += [f"        if s{i}[1] < left: left = s{i}[1]" for i in range(len(counts_requests))]
     lines += ["        return new(Decision, (True, 0.0, None, OK, left, False, None, NO_NAMES))"]
@@ -104,7 +110,7 @@ def _lean_maker(locks: int, counts_requests: tuple) -> Callable:
     return namespace["make"]
 
 
-def deny_after(slots: list) -> Callable[[int, float, float, float], tuple]:
+def deny_after(slots: list) -> Callable[[int, float, float, float], Finding]:
     return partial(MemoryStore._deny, slots)
 
 
@@ -116,9 +122,10 @@ class MemoryStore(Store):
     def __init__(self, shards: int = 64) -> None:
         self._locks = [threading.Lock() for _ in range(shards)]
         self._tables: list[dict[str, Any]] = [{} for _ in range(shards)]
-        # [writes so far, the count at which the next shard is swept]: a list, so that
-        # the compiled decisions can count in it too.
-        self._writes = [0, SWEEP_MIN_WRITES]
+        # Decisions so far (counted by next(): one C call, atomic), and in a list, so that
+        # the compiled decisions read it too, the count at which the next shard is swept.
+        self._counted = itertools.count(1)
+        self._sweep_due = [SWEEP_MIN_DECISIONS]
         self._next_shard = 0
         # Reservation records by id, and (expires_at, id) to drop them once they expire.
         self._records: dict[str, dict] = {}
@@ -139,20 +146,22 @@ class MemoryStore(Store):
 
     def decide(self, plan: MemoryPlan, cost: float, now: float, lease: str | None) -> Outcome:
         if plan.lean is not None:
-            return plan.lean(cost, now)  # takes the locks and counts the write itself
+            return plan.lean(cost, now)  # takes the locks and counts the decision itself
         with _Locked(plan.locks):
             outcome = self._decide(plan.slots, cost, now, lease)
-        if outcome[0] < 0:
-            self._writes[0] += 1
-            if self._writes[0] >= self._writes[1]:
-                self._sweep_next(now)
+        self._count_decision(now)
         return outcome
 
     def decider(self, plan: MemoryPlan) -> Callable[[float, float, str | None], Outcome]:
         return plan.lean or partial(self.decide, plan)
 
+    def _count_decision(self, now: float) -> None:
+        """Count a decision towards the next sweep, and sweep when it is due."""
+        if next(self._counted) >= self._sweep_due[0]:
+            self._sweep_next(now)
+
     @staticmethod
-    def _deny(slots: list, blocker: int, worst: float, cost: float, now: float) -> tuple:
+    def _deny(slots: list, blocker: int, worst: float, cost: float, now: float) -> Finding:
         """A lean decision stopped at `blocker`: only the rules after it can wait longer."""
         for i in range(blocker + 1, len(slots)):
             rule, table, name, floor, _, per_request = slots[i]
@@ -227,11 +236,9 @@ class MemoryStore(Store):
             outcome = self._decide(plan.slots, cost, now, lease)
             if outcome[0] < 0 and lease:  # the slots last as long as the reservation
                 self._shorten_leases(plan.leased, lease, record["expires_at"])
+        self._count_decision(now)
         if outcome[0] >= 0:
             return outcome
-        self._writes[0] += 1
-        if self._writes[0] >= self._writes[1]:
-            self._sweep_next(now)
         # No one knows the id before this returns: the record need not be written under the
         # same locks as the take.
         untaken = frozenset(plan.slots[i][2] for i in outcome[3])  # shadow rules took nothing
@@ -291,7 +298,9 @@ class MemoryStore(Store):
         shard = self._next_shard
         self._next_shard = (shard + 1) % len(self._tables)
         self._sweep_shard(shard, now)
-        self._writes[1] = self._writes[0] + max(SWEEP_MIN_WRITES, len(self._tables[shard]) // 2)
+        # From the count that made it due: threads that found it due at once each sweep a
+        # shard and move it on, which only sweeps a little sooner.
+        self._sweep_due[0] += max(SWEEP_MIN_DECISIONS, len(self._tables[shard]) // 2)
 
     def _sweep_shard(self, shard: int, now: float) -> int:
         table = self._tables[shard]

@@ -40,6 +40,7 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError, ResponseError, WatchError
 from redis.retry import Retry
 
@@ -51,7 +52,7 @@ from ..reservations import CANCELLED, COMMITTED, OPEN
 from ..rules import Rule
 from ..windows import FixedWindow, SlidingWindowCounter, SlidingWindowLog
 from .base import Check, Outcome, Store
-from .connections import bulk, held_connections
+from .connections import HeldConnections, bulk, held_connections
 from .memory import MemoryStore
 
 LUA_DIR = Path(__file__).parent / "lua"
@@ -175,14 +176,17 @@ class RedisStore(Store):
 
     clock = staticmethod(lambda: None)  # None: the script reads the server's TIME
 
+    client: redis.Redis | RedisCluster
+    batch_client: redis.Redis | RedisCluster
+
     def __init__(
         self,
-        client: redis.Redis | None = None,
+        client: redis.Redis | RedisCluster | None = None,
         url: str | None = None,
         prefix: str = "la",
         timeout: float = DEFAULT_TIMEOUT,
         breaker: CircuitBreaker | None = None,
-        batch_client: redis.Redis | None = None,
+        batch_client: redis.Redis | RedisCluster | None = None,
         key_format: str = "compact",
     ) -> None:
         if key_format not in KEY_FORMATS:
@@ -208,9 +212,10 @@ class RedisStore(Store):
         self._head = self._fcall_head
         # A plain client's calls go out on held connections; another kind of client (a
         # cluster's) gets EVALSHA through its own methods, as it routes them.
-        plain = isinstance(self.client, redis.Redis) and hasattr(self.client, "connection_pool")
-        self._held = held_connections(self.client.connection_pool) if plain else None
-        if not plain:
+        self._held: HeldConnections | None = None
+        if isinstance(self.client, redis.Redis) and hasattr(self.client, "connection_pool"):
+            self._held = held_connections(self.client.connection_pool)
+        else:
             self._head = self._evalsha_head
         self._lock = threading.Lock()
         self._turns = [threading.Lock() for _ in range(64)]
@@ -250,16 +255,17 @@ class RedisStore(Store):
         argument = f"{'-' if now is None else repr(now)} {cost!r} {lease or '-'} decide{plan.spec}"
         return outcome_of(self._call(self._script, plan.keys, argument))
 
-    def decider(self, plan: RedisPlan) -> Callable[[float, float | None, str | None], Any]:
+    def decider(self, plan: RedisPlan) -> Callable[[float, float, str | None], Outcome]:
         """A plan's decision on held connections: its command is packed once, but for the
         argument that changes; an allowed decision with no shadow rule in the way comes
         back as the Decision itself."""
         if self._held is None or plan.optimistic or type(self).decide is not RedisStore.decide:
             return super().decider(plan)
-        keys, spec, packed, call = plan.keys, f" decide{plan.spec}".encode(), {}, self._call
+        keys, spec, call = plan.keys, f" decide{plan.spec}".encode(), self._call
+        packed: dict[bytes, bytes] = {}
         fcall = self._fcall
 
-        def decide(cost: float, now: float | None, lease: str | None = None) -> Any:
+        def decide(cost: float, now: float | None, lease: str | None = None) -> Outcome:
             argument = f"{'-' if now is None else repr(now)} {cost!r} {lease or '-'}".encode() + spec
             reply = call(fcall, keys, b"$%d\r\n%s\r\n" % (len(argument), argument), 1, packed)
             if reply.__class__ is not list and lease is None:
@@ -316,7 +322,7 @@ class RedisStore(Store):
             with self._lock:
                 self.breaker.failed()
 
-    def _evalsha_many(self, calls: list[tuple[tuple, str]], client: redis.Redis | None = None) -> list:
+    def _evalsha_many(self, calls: list[tuple[tuple, str]], client: redis.Redis | RedisCluster | None = None) -> list:
         """One script call per (keys, argument), pipelined on `client` (the batch client by
         default): one round trip; FCALL, or EVALSHA on a server without functions. The calls
         that did not run (the library or script was missing, or FCALL unknown) are sent
@@ -426,7 +432,7 @@ class RedisStore(Store):
         if self.batch_client is not self.client:
             self.batch_client.close()
 
-    def client_for(self, key: str | None = None) -> redis.Redis:
+    def client_for(self, key: str | None = None) -> redis.Redis | RedisCluster:
         """The client that reaches `key`'s server: transactions, WATCH and reads of several
         keys go there (one server here; the node that holds the key's slot on a cluster)."""
         return self.client
@@ -467,7 +473,7 @@ class RedisStore(Store):
             outcome = MemoryStore._decide(slots, cost, at, lease)
             if outcome[0] >= 0:
                 return outcome, [False] * len(slots), None
-            if lease_until is not None:  # a reservation's: its slots last as long as it does
+            if lease_until is not None and lease:  # a reservation's: its slots last as long as it does
                 MemoryStore._shorten_leases(slots, lease, lease_until)
             shadows = {slots[i][2] for i in outcome[3]}  # shadow rules that would deny take nothing
             return outcome, [name not in shadows for _, _, name, *_ in slots], None
@@ -552,7 +558,7 @@ class RedisStore(Store):
                             write(pipe, key, check.rule, table[key], at)
                         elif took:
                             pipe.delete(key)  # as good as no state: a bucket refunded to full
-                    if fields:
+                    if fields and record_key:
                         pipe.hset(record_key, mapping=fields)
                     pipe.execute()
                     return result
@@ -573,6 +579,8 @@ class RedisStore(Store):
         `tail` by head, for the next call with the same keys. A call that ran nothing
         because the library (or script) was missing, or FCALL is unknown, is put right and
         sent again: it cannot count a decision twice."""
+        held = self._held
+        assert held is not None, "only a plain client's calls go out on held connections"
         for attempt in range(NOSCRIPT_TRIES + 1):
             head = self._head
             start = packed.get(head)
@@ -584,7 +592,7 @@ class RedisStore(Store):
                     + b"".join(bulk(key.encode()) for key in keys)
                 )
             try:
-                return self._held.call(start + tail)
+                return held.call(start + tail)
             except ResponseError as error:
                 if attempt == NOSCRIPT_TRIES or not self._did_not_run(head, error):
                     raise
@@ -597,7 +605,7 @@ class RedisStore(Store):
             return str(error).startswith(("Function not found", "unknown command"))
         return isinstance(error, NoScriptError)
 
-    def _put_right(self, head: bytes, error: ResponseError, client: redis.Redis) -> None:
+    def _put_right(self, head: bytes, error: ResponseError, client: redis.Redis | RedisCluster) -> None:
         """Load what was missing; on a server without functions, go over to EVALSHA."""
         if head is not self._fcall_head:
             self.sha = client.script_load(self.source)
@@ -672,7 +680,7 @@ def write(pipe: Any, key: str, rule: Rule, state: Any, now: float) -> None:
     plug-in, `decode`) reads, with a TTL until it goes idle plus a second."""
     kind = type(rule)
     ttl = max(1000, math.ceil((state[0] - now) * 1000) + 1000)
-    if kind in (TokenBucket, GCRA):
+    if isinstance(rule, TokenBucket) and kind in (TokenBucket, GCRA):
         value = round(state[0] * 1e6) if rule.rate else repr(float(state[2]))
         pipe.set(key, value, px=ttl)
     elif kind is FixedWindow:
@@ -700,7 +708,7 @@ def decode(rule: Rule, raw: Any) -> Any:
         return None
     if kind not in READ_COMMANDS:
         return tuple(json.loads(raw))
-    if kind in (TokenBucket, GCRA):
+    if isinstance(rule, TokenBucket) and kind in (TokenBucket, GCRA):
         value = float(raw)
         return (value * 1e-6, 0.0) if rule.rate else (0.0, 0.0, value)
     if kind is FixedWindow:

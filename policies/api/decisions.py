@@ -64,7 +64,7 @@ class _Call:
         return getattr(self._request, name)  # as DRF's Request: the rest is the Django request's
 
 
-class Timed:
+class Timed(APIView):
     """A view whose requests are timed into `limiter_decision_seconds{endpoint}`."""
 
     endpoint = ""

@@ -31,6 +31,17 @@ def test_buckets_of_a_tenant_with_an_override_say_where_each_rule_comes_from(api
     assert [(rule["rule"], rule["source"]) for rule in body["rules"]] == [("token_bucket(100000, 10000/s)", "global")]
 
 
+def test_a_bucket_in_debt_shows_its_negative_balance_and_when_it_is_back_above_zero(
+    api, decide_client, admin_api_client
+):
+    reserved = decide_client.post("/api/v1/reservations", {"keys": {"team": "acme"}, "cost": 10}, format="json")
+    commit = f"/api/v1/reservations/{reserved.json()['id']}/commit"
+    assert decide_client.post(commit, {"actual_cost": 1300}, format="json").status_code == 200
+    state = admin_api_client.get("/api/v1/buckets", {"level": "team", "key": "acme"}).json()["rules"][0]["state"]
+    assert (state["tokens"], state["remaining"]) == (-300, 0)
+    assert (state["debt_clears_in"], state["full_in"]) == (3, 13)
+
+
 def test_an_untouched_bucket_is_full(api, admin_api_client):
     body = admin_api_client.get("/api/v1/buckets", {"level": "team", "key": "acme"}).json()
     assert body["rules"][0]["state"]["tokens"] == 1000

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from core import Decision, InvalidRequest, Param, Rule, register
+from core import Decision, InvalidRequest, Param, Rule, acquire_batch, register
 
 from .helpers import (
     TICK,
@@ -243,6 +243,88 @@ def test_a_key_rejected_once_is_rejected_every_time(build):
     for _ in range(3):
         with pytest.raises(InvalidRequest):
             limiter.acquire({"user": 42})
+
+
+# --- key sets that name no level, or a level the limiter does not have ----------------------
+
+LEVELS = {"user": [token_bucket(1, 0)], "team": [token_bucket(1, 0)]}
+# Each entry point that takes a key set, called with `keys`.
+ENTRY_POINTS = {
+    "acquire": lambda limiter, keys: limiter.acquire(keys),
+    "explain": lambda limiter, keys: limiter.explain(keys),
+    "reserve": lambda limiter, keys: limiter.reserve(keys),
+    "release": lambda limiter, keys: limiter.release(keys, "a-lease"),
+}
+
+
+@pytest.mark.parametrize("keys", [{"usr": "u1"}, {"user": "u1", "taem": "t"}], ids=repr)
+def test_a_misspelled_level_is_refused_naming_it_and_the_known_ones(build, keys):
+    # A typo must not fail open: the level it names would otherwise be unlimited for ever.
+    limiter = build(LEVELS)
+    typo = next(level for level in keys if level not in LEVELS)
+    with pytest.raises(InvalidRequest) as raised:
+        limiter.acquire(keys)
+    assert raised.value.field == f"keys.{typo}"
+    assert f"unknown level {typo!r}" in str(raised.value) and "known: user, team" in str(raised.value)
+
+
+def test_an_empty_key_set_is_refused(build):
+    limiter = build(LEVELS)
+    with pytest.raises(InvalidRequest) as raised:
+        limiter.acquire({})
+    assert raised.value.field == "keys"
+    assert "at least one level" in str(raised.value) and "known: user, team" in str(raised.value)
+
+
+@pytest.mark.memory_only
+@pytest.mark.parametrize("call", ENTRY_POINTS.values(), ids=ENTRY_POINTS.keys())
+@pytest.mark.parametrize(
+    ("keys", "field"),
+    [({"usr": "u1"}, "keys.usr"), ({"user": "u1", "taem": "t"}, "keys.taem"), ({}, "keys"), ({"user": None}, "keys")],
+    ids=["a typo", "a typo beside a level", "no level", "no key"],
+)
+def test_every_entry_point_refuses_a_key_set_with_an_unknown_level_or_none(build, call, keys, field):
+    limiter = build(LEVELS)
+    with pytest.raises(InvalidRequest) as raised:
+        call(limiter, keys)
+    assert raised.value.field == field
+
+
+@pytest.mark.memory_only
+def test_a_key_set_with_every_level_and_one_more_is_refused_even_once_its_plan_is_cached(build):
+    limiter = build(LEVELS)
+    assert limiter.acquire({"user": "u", "team": "t"}).allowed  # the plan of this key set is cached
+    with pytest.raises(InvalidRequest) as raised:
+        limiter.acquire({"user": "u", "team": "t", "tenant": "acme"})
+    assert raised.value.field == "keys.tenant"
+    assert not limiter.acquire({"user": "u", "team": "t"}).allowed  # the refusal took nothing
+
+
+@pytest.mark.memory_only
+def test_a_batch_refuses_an_unknown_level_by_its_index_before_anything_is_taken(build):
+    limiter = build(LEVELS)
+    with pytest.raises(InvalidRequest) as raised:
+        acquire_batch([(limiter, {"user": "u"}), (limiter, {"usr": "u"})])
+    assert raised.value.field == "1.keys.usr"
+    assert limiter.acquire({"user": "u"}).allowed
+
+
+@pytest.mark.memory_only
+@pytest.mark.parametrize("call", ["inspect", "reset"])
+def test_inspecting_or_resetting_an_unknown_level_is_refused(build, call):
+    limiter = build(LEVELS)
+    with pytest.raises(InvalidRequest) as raised:
+        getattr(limiter, call)("usr", "u")
+    assert raised.value.field == "level"
+    assert "unknown level 'usr'" in str(raised.value) and "known: user, team" in str(raised.value)
+
+
+@pytest.mark.memory_only
+def test_a_level_left_out_or_given_as_none_is_not_checked(build):
+    limiter = build(LEVELS)
+    assert limiter.acquire({"user": "u", "team": None}).allowed
+    assert limiter.acquire({"team": "t"}).allowed
+    assert len(limiter.inspect("user", "u")) == 1
 
 
 # --- shadow rules --------------------------------------------------------------------------

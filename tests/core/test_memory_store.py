@@ -4,6 +4,7 @@ import pytest
 
 from core import ConfigError, HierarchicalLimiter, ManualClock, MemoryStore, store_from_url
 from core.stores import Store
+from core.stores.memory import SWEEP_MIN_DECISIONS
 
 from .helpers import concurrency, sliding_window, token_bucket
 
@@ -114,6 +115,24 @@ def test_a_bucket_that_never_refills_is_not_swept_while_it_matters(build, clock)
     clock.advance(3600)
     assert store.sweep(clock()) == 0
     assert not limiter.acquire({"user": "u"}).allowed
+
+
+@pytest.mark.parametrize(
+    "user_rules",
+    [[token_bucket(5, 5)], [token_bucket(5, 5), concurrency(10, lease=0.1)]],
+    ids=["compiled path", "general path"],
+)
+def test_denials_alone_sweep_the_idle_keys_away(clock, user_rules):
+    store = MemoryStore()
+    limiter = HierarchicalLimiter.from_config({"user": user_rules, "team": [token_bucket(1, 0)]}, store, clock)
+    for i in range(2000):
+        limiter.acquire({"user": f"idle-{i}"})
+    assert limiter.acquire({"user": "hot", "team": "t"}).allowed  # the team's one token, for good
+    clock.advance(1.0)  # every idle key is full again
+    # A whole sweep takes a round of the 64 shards, each at least 256 decisions apart; 20% more.
+    denials = 64 * SWEEP_MIN_DECISIONS * 6 // 5
+    assert not any(limiter.acquire({"user": "hot", "team": "t"}).allowed for _ in range(denials))
+    assert len(store) <= 3  # the hot user, its team, and perhaps the hot user's slot
 
 
 def fill_with_many_keys():

@@ -329,13 +329,41 @@ def test_a_charge_puts_a_bucket_into_debt_and_later_requests_wait_it_out(build, 
     limiter = build({"user": [token_bucket(100, 10)]})
     _, reservation = limiter.reserve(KEYS, cost=10)
     assert limiter.settle(reservation.id, 130) == Settlement(reservation.id, "committed", 0.0, 120.0, 0)
-    assert state_of(limiter, "user", "u")["tokens"] == 0  # shown as empty...
     denied = limiter.acquire(KEYS)
-    assert denied.retry_after == pytest.approx(3.1)  # ...but 30 below it: 31 tokens to wait for
+    assert denied.retry_after == pytest.approx(3.1)  # 30 below empty: 31 tokens to wait for
     move_to(clock, 3.1 - TICK)
     assert not limiter.acquire(KEYS).allowed
     move_to(clock, 3.1)
     assert limiter.acquire(KEYS).allowed
+
+
+@pytest.mark.parametrize("rule", [token_bucket(100, 10), gcra(10, 100)], ids=["token_bucket", "gcra"])
+def test_a_bucket_in_debt_shows_its_negative_balance_and_when_it_is_back_above_zero(build, clock, rule):
+    limiter = build({"user": [rule]})
+    _, reservation = limiter.reserve(KEYS, cost=10)
+    limiter.settle(reservation.id, 130)
+    state = state_of(limiter, "user", "u")
+    assert state["tokens"] == pytest.approx(-30)  # not 0: the next wait is real
+    assert state["remaining"] == 0
+    assert state["debt_clears_in"] == pytest.approx(3.0)
+    assert state["full_in"] == pytest.approx(13.0)
+    move_to(clock, 3.0)
+    state = state_of(limiter, "user", "u")
+    assert (state["tokens"], state["debt_clears_in"]) == (pytest.approx(0, abs=1e-6), 0.0)
+
+
+def test_a_bucket_that_never_refills_shows_its_debt_for_good(build):
+    limiter = build({"user": [token_bucket(100, 0)]})
+    _, reservation = limiter.reserve(KEYS, cost=10)
+    limiter.settle(reservation.id, 130)
+    state = state_of(limiter, "user", "u")
+    assert (state["tokens"], state["debt_clears_in"], state["full_in"]) == (-30, math.inf, math.inf)
+
+
+def test_a_bucket_out_of_debt_says_so(build):
+    limiter = build({"user": [token_bucket(100, 10)]})
+    limiter.acquire(KEYS, cost=100)
+    assert state_of(limiter, "user", "u")["debt_clears_in"] == 0.0
 
 
 def test_a_charge_to_gcra_pushes_its_arrival_time_back(build):

@@ -87,7 +87,7 @@ def test_inspect_says_when_a_bucket_is_full_again(build):
     limiter = build({"user": [token_bucket(10, 2)]})
     limiter.acquire({"user": "u"}, cost=4)
     state = state_of(limiter, "user", "u")
-    assert state == {"tokens": 6.0, "capacity": 10.0, "remaining": 6.0, "full_in": 2.0}
+    assert state == {"tokens": 6.0, "capacity": 10.0, "remaining": 6.0, "full_in": 2.0, "debt_clears_in": 0.0}
 
 
 # --- GCRA ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The single-level facade of seed 001: `allow_request(client_id) -> bool`."""
+"""The single-level facade for middleware: `allow_request(client_id) -> bool`."""
 
 import math
 

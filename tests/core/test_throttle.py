@@ -1,8 +1,11 @@
-"""The client-side throttle of seed 002: it sleeps until a request may go."""
+"""The client-side throttle: it sleeps until a request may go, and a waiter for a concurrency
+slot wakes as soon as this process hands one back."""
+
+import threading
 
 import pytest
 
-from core import InvalidRequest, ManualClock, Throttle
+from core import HierarchicalLimiter, InvalidRequest, ManualClock, MemoryStore, Throttle
 
 from .helpers import concurrency, move_to, token_bucket
 
@@ -122,3 +125,93 @@ def test_a_hold_hands_the_slot_back_even_when_the_block_raises(clock, sleep):
         with slots.hold():
             raise RuntimeError("the model call failed")
     assert slots.acquire(timeout=0) is True
+
+
+# --- waiting for a concurrency slot ---------------------------------------------------------
+# The slots' lease is an hour and the clock is the real one: a waiter that got in did so
+# because a slot was handed back, never because a lease ran out. Threads are joined with a
+# bound far above what a wake-up takes; it only keeps a broken throttle from hanging the run.
+AN_HOUR = 3600
+JOIN = 30
+
+
+class DenialSignal(HierarchicalLimiter):
+    """A limiter that counts its denials: a thread it denied is about to wait."""
+
+    def acquire(self, keys, cost=1, priority=None):
+        decision = super().acquire(keys, cost, priority)
+        if not decision.allowed:
+            with self.counted:
+                self.denials += 1
+                self.counted.notify_all()
+        return decision
+
+    def wait_for_denials(self, count):
+        with self.counted:
+            return self.counted.wait_for(lambda: self.denials >= count, JOIN)
+
+
+def slot_throttle(limit=1):
+    limiter = DenialSignal.from_config({"client": [concurrency(limit, lease=AN_HOUR)]}, MemoryStore(1))
+    limiter.counted, limiter.denials = threading.Condition(), 0
+    return Throttle(limiter, {"client": "self"})
+
+
+def in_thread(call, results):
+    thread = threading.Thread(target=lambda: results.append(call()), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_waiter_for_a_slot_wakes_when_its_holder_hands_it_back():
+    slots = slot_throttle()
+    got = []
+    with slots.hold() as held:
+        assert held
+        waiter = in_thread(lambda: slots.acquire(timeout=AN_HOUR / 2), got)
+        assert slots.limiter.wait_for_denials(1)  # it found the slot taken
+        assert got == []
+    waiter.join(JOIN)
+    assert got == [True]
+
+
+def test_a_timeout_shorter_than_the_lease_still_waits_for_a_release():
+    slots = slot_throttle()
+    got = []
+    with slots.hold():
+        waiter = in_thread(lambda: slots.acquire(timeout=JOIN), got)
+        assert slots.limiter.wait_for_denials(1)
+    waiter.join(JOIN)
+    assert got == [True]  # not False at once because the lease is longer than the timeout
+
+
+def test_waiters_get_the_slot_one_at_a_time_as_each_holder_hands_it_back():
+    slots = slot_throttle(limit=1)
+    inside, most_inside, lock = [0], [0], threading.Lock()
+
+    def one_request():
+        with slots.hold() as held:
+            with lock:
+                inside[0] += 1
+                most_inside[0] = max(most_inside[0], inside[0])
+            with lock:
+                inside[0] -= 1
+            return held
+
+    results = []
+    with slots.hold():
+        threads = [in_thread(one_request, results) for _ in range(8)]
+        assert slots.limiter.wait_for_denials(8)  # every one of them is waiting
+    for thread in threads:
+        thread.join(JOIN)
+    assert results == [True] * 8
+    assert most_inside[0] == 1
+
+
+def test_a_waiter_for_a_slot_held_elsewhere_sleeps_until_the_lease_runs_out(clock, sleep):
+    store = MemoryStore(1)
+    elsewhere = Throttle.from_rules([concurrency(1, lease=10)], store=store, clock=clock, sleep=sleep)
+    here = Throttle.from_rules([concurrency(1, lease=10)], store=store, clock=clock, sleep=sleep)
+    assert elsewhere.acquire()  # held, and never handed back here
+    assert here.acquire()
+    assert sleep.waits == [10.0] and clock() == 10.0

@@ -32,6 +32,16 @@ def test_every_rule_of_a_user_key_shows_its_tier_and_live_state(api, decide_clie
     assert '<meter min="0" max="50.0" value="20.0"></meter>' in html
 
 
+def test_a_bucket_in_debt_shows_its_negative_balance_and_when_it_is_back_above_zero(api, decide_client, console):
+    reserved = decide_client.post("/api/v1/reservations", {"keys": {"team": "acme"}, "cost": 10}, format="json")
+    commit = f"/api/v1/reservations/{reserved.json()['id']}/commit"
+    assert decide_client.post(commit, {"actual_cost": 1300}, format="json").status_code == 200
+    html = page(console, level="team", key="acme")
+    assert rule_row(html, "token_bucket(1000, 100/s)") == (
+        "token_bucket(1000, 100/s) tier: pro -300 / 1000 tokens left in debt: back above zero in 3 s 13 s"
+    )
+
+
 def test_a_tenants_override_is_named_as_the_rules_origin(api, console):
     html = page(console, level="team", key="bigco")
     assert (

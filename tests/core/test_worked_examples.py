@@ -1,4 +1,6 @@
-"""The test cases and worked numbers of seeds 000 and 003, said through the engine's API."""
+"""Worked examples, each with its numbers: one bucket or window per tenant, a gateway with a
+request rate and a burst, a flood of threads, and hierarchical limits (user, team) whose
+buckets are followed second by second."""
 
 import math
 import threading
@@ -7,7 +9,7 @@ from core import HierarchicalLimiter, MemoryStore, Param, Rule, register
 
 from .helpers import allowed_in_a_row, fixed_window, sliding_window, state_of, token_bucket
 
-# --- seed 000: token bucket, sliding window log, gateway, flood ---------------------------
+# --- one level: token bucket, sliding window log, gateway, flood --------------------------
 
 
 def test_a_bucket_of_two_allows_twice_blocks_then_allows_after_one_second(build, clock):
@@ -38,7 +40,7 @@ def test_a_window_of_two_per_ten_seconds_opens_again_after_ten_point_one_seconds
 
 
 def gateway(rpm, burst, clock):
-    """Seed 000's gateway: requests per minute, then a burst bucket that never refills."""
+    """A gateway's limits: requests per minute, then a burst bucket that never refills."""
     return HierarchicalLimiter.from_config(
         {
             "tenant": [
@@ -81,7 +83,7 @@ def test_eighty_threads_against_a_burst_of_fifty_get_exactly_fifty_allows(clock,
     assert results.count(False) == 30
 
 
-# --- seed 003: hierarchical limits --------------------------------------------------------
+# --- hierarchical limits -----------------------------------------------------------------
 
 
 def user_and_team(build):
@@ -169,7 +171,7 @@ def test_a_plugged_in_deny_list_denies_mallory_and_leaves_the_team_token_to_alic
     assert limiter.acquire({"user": "alice", "team": "t"}).allowed
 
 
-# --- seed 003: worked numbers -------------------------------------------------------------
+# --- hierarchical limits, bucket by bucket ------------------------------------------------
 
 
 def test_a_team_bucket_of_100_at_10_per_second_is_empty_after_100_and_waits_a_tenth(build):
