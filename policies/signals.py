@@ -1,7 +1,19 @@
-"""Every committed policy change bumps the policy version, which workers poll to reload."""
+"""Every committed policy change bumps the policy version, which workers poll to reload.
+
+Each bump also logs the version it made (`PolicyChange`: when, by whom), and every history
+record a change makes carries that version's number (`policy_version`), so that a version
+lists what it changed. That costs one read and one insert per version, whatever the number of
+rows it writes: a policy load of hundreds of rows is one version.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import Any
+
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 from django.db.models import F
 from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete, pre_save
@@ -11,16 +23,46 @@ from . import models
 POLICY_MODELS = (models.Level, models.Tier, models.Tenant, models.Rule, models.PriorityClass, models.PolicySettings)
 BEFORE_A_WRITE = (pre_save, pre_delete, models.versioned_save)
 
+# Who changes the policy when no request says so (a management command).
+_acting: contextvars.ContextVar[str] = contextvars.ContextVar("policies_acting", default="")
 
-def bump_version() -> None:
-    """Add one to the policy version (creating its row the first time)."""
-    if models.PolicyVersion.objects.filter(pk=1).update(number=F("number") + 1):
-        return
-    _, created = models.PolicyVersion.objects.get_or_create(pk=1, defaults={"number": 1})
-    if not created:
-        # Another transaction created the row since our update found none (on PostgreSQL,
-        # this one waited for it to commit): our change needs a bump of its own.
-        models.PolicyVersion.objects.filter(pk=1).update(number=F("number") + 1)
+
+@contextlib.contextmanager
+def acting_as(name: str) -> Iterator[None]:
+    """Policy versions made inside this block name `name` as their author (`loadpolicies
+    demo.yaml`), unless a request's user made them."""
+    token = _acting.set(name)
+    try:
+        yield
+    finally:
+        _acting.reset(token)
+
+
+def bump_version() -> int:
+    """Add one to the policy version (creating its row the first time), log the version it
+    made with its author, and return its number."""
+    if not models.PolicyVersion.objects.filter(pk=1).update(number=F("number") + 1):
+        _, created = models.PolicyVersion.objects.get_or_create(pk=1, defaults={"number": 1})
+        if not created:
+            # Another transaction created the row since our update found none (on PostgreSQL,
+            # this one waited for it to commit): our change needs a bump of its own.
+            models.PolicyVersion.objects.filter(pk=1).update(number=F("number") + 1)
+    number = models.PolicyVersion.objects.filter(pk=1).values_list("number", flat=True).get()
+    user, by = _author()
+    models.PolicyChange.objects.create(version=number, user=user, by=by[:150])
+    return number
+
+
+def _author() -> tuple[Any, str]:
+    """The operator or service token of the request being served, else the command's name."""
+    from simple_history.models import HistoricalRecords
+
+    user = getattr(getattr(HistoricalRecords.context, "request", None), "user", None)
+    if user is None or not user.is_authenticated:
+        return None, _acting.get()
+    if isinstance(user, AbstractBaseUser):
+        return user, user.get_username()
+    return None, str(user)  # a service token: token:<name>
 
 
 def current_version() -> int:
@@ -45,22 +87,47 @@ def policy_changed(sender=None, using="default", signal=None, action="", **kwarg
     connection = transaction.get_connection(using)
     if not connection.in_atomic_block:
         if not before:
-            bump_version()
+            _tag_latest_record(sender, kwargs.get("instance"), bump_version())
         return
     if not before:
         return
-    marker = getattr(connection, "_policies_bumped", None)
-    # A rollback, of the transaction or of the savepoint that bumped, drops the marker from
-    # run_on_commit together with the bump itself: the next change bumps again.
-    if marker is not None and any(func is marker for _, func, _ in connection.run_on_commit):
+    if pending_version(using) is not None:
         return
-    bump_version()
+    number = bump_version()
 
     def committed() -> None:
         connection._policies_bumped = None
 
+    committed.version = number  # type: ignore[attr-defined]
     connection._policies_bumped = committed
     transaction.on_commit(committed, using=using)
+
+
+def pending_version(using: str = "default") -> int | None:
+    """The version the open transaction's policy change made; None when it made none yet."""
+    connection = transaction.get_connection(using)
+    marker = getattr(connection, "_policies_bumped", None)
+    # A rollback, of the transaction or of the savepoint that bumped, drops the marker from
+    # run_on_commit together with the bump itself: the next change bumps again.
+    if marker is not None and any(func is marker for _, func, _ in connection.run_on_commit):
+        return marker.version
+    return None
+
+
+def tag_record(sender, history_instance, using=None, **kwargs) -> None:
+    """pre_create_historical_record: a record made inside a transaction carries the version
+    that transaction's bump made (its first write bumped, before any row was written)."""
+    history_instance.policy_version = pending_version(using or "default")
+
+
+def _tag_latest_record(sender, instance, number: int) -> None:
+    """Outside a transaction the bump comes after the write, and after the history record it
+    made: that record gets the version now."""
+    if instance is None or instance.pk is None or not hasattr(type(instance), "history"):
+        return
+    history = type(instance).history.model
+    latest = history.objects.filter(id=instance.pk).order_by("-history_date", "-history_id").values("history_id")[:1]
+    history.objects.filter(history_id__in=latest).update(policy_version=number)
 
 
 def connect() -> None:
@@ -76,6 +143,10 @@ def connect() -> None:
     m2m_changed.connect(
         policy_changed, sender=models.PriorityClass.levels.through, dispatch_uid="policies-m2m-priority-levels"
     )
+    for model in POLICY_MODELS:
+        pre_create_historical_record.connect(
+            tag_record, sender=model.history.model, dispatch_uid=f"policies-history-version-{model.__name__}"
+        )
     for owner in (models.Tier, models.Tenant):
         # Each version of a tier or tenant in its history keeps the rules it had then.
         pre_create_historical_record.connect(
