@@ -64,6 +64,12 @@ def read_file(path: str | Path) -> Any:
     return doc
 
 
+def refusal(file: str | Path, error: ConfigError) -> str:
+    """How a command says that a policy file was refused: the file, the path inside it, why."""
+    where = f"{file}: {error.path}" if error.path else str(file)
+    return f"{where}: {error.reason}"
+
+
 def global_level(levels: tuple[str, ...]) -> str:
     """Where the file's plain `global:` list applies: the `global` level, else the last one."""
     return GLOBAL_LEVEL if GLOBAL_LEVEL in levels or not levels else levels[-1]
@@ -78,7 +84,7 @@ def check_document(doc: Any) -> dict:
     unknown_fields = sorted(set(doc) - set(TOP_LEVEL_FIELDS))
     if unknown_fields:
         raise ConfigError(f"unknown field (known: {', '.join(TOP_LEVEL_FIELDS)})", unknown_fields[0])
-    levels = _check_levels(doc.get("levels", list(DEFAULT_LEVELS)))
+    levels = check_levels(doc.get("levels", list(DEFAULT_LEVELS)))
     names = tuple(level["name"] for level in levels)
     global_rules = _check_global(doc.get("global", []), names)
     tiers = {}
@@ -117,7 +123,8 @@ def _name(value: Any, path: str) -> str:
         raise within(path, error) from None
 
 
-def _check_levels(levels: Any) -> list[dict]:
+def check_levels(levels: Any) -> list[dict]:
+    """The document's `levels`, checked and normalised (names, fail modes); ConfigError else."""
     if not isinstance(levels, list) or not levels:
         raise ConfigError("must be a non-empty list of levels", "levels")
     out, seen = [], set()
