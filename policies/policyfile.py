@@ -92,13 +92,14 @@ def check_document(doc: Any) -> dict:
         _name(name, f"tiers.{name}")
         tiers[name] = _owner_rules("tier", spec, names, global_rules, f"tiers.{name}")
     default_tier = doc.get("default_tier")
-    if default_tier is not None and default_tier not in tiers:
+    if default_tier is not None and not _names_one_of(default_tier, tiers):
         raise ConfigError(unknown("tier", default_tier, tiers), "default_tier")
     tenants = {
         key: _check_tenant(key, spec, tiers, default_tier, names, global_rules)
         for key, spec in _mapping(doc.get("tenants", {}), "tenants").items()
     }
-    priorities = doc.get("priorities") or {}
+    priorities = doc.get("priorities")
+    priorities = {} if priorities is None else _mapping(priorities, "priorities")
     parse_priorities(priorities, names)  # the watermark's bounds: policies.invariants.check_watermark's
     return {
         "default_tier": default_tier,
@@ -108,6 +109,11 @@ def check_document(doc: Any) -> dict:
         "tenants": tenants,
         "priorities": {n: dict(p) for n, p in priorities.items()},
     }
+
+
+def _names_one_of(name: Any, known: Mapping) -> bool:
+    """Whether `name` is one of the names in `known` (a list or mapping is no name at all)."""
+    return isinstance(name, str) and name in known
 
 
 def _mapping(value: Any, path: str) -> Mapping:
@@ -198,10 +204,11 @@ def _check_tenant(
     if extra:
         raise ConfigError("unknown field (known: overrides, overrides_until, tier)", f"{path}.{extra[0]}")
     tier = spec.get("tier", default_tier)
-    if tier not in tiers:
+    if not _names_one_of(tier, tiers):
         raise ConfigError(unknown("tier", tier, tiers), f"{path}.tier")
     # Overrides replace the tier's rules at their levels, which were checked with the tier.
-    overrides = _owner_rules("tenant", spec.get("overrides") or {}, levels, global_rules, f"{path}.overrides")
+    overrides = spec.get("overrides")
+    overrides = _owner_rules("tenant", {} if overrides is None else overrides, levels, global_rules, f"{path}.overrides")
     return {
         "tier": tier,
         "overrides": overrides,

@@ -64,6 +64,8 @@ def merge_draft(current: Mapping[str, Any], draft: Any) -> dict:
             merged["levels"] = _merge_levels(merged.get("levels", []), check_levels(value))
         elif section in ("tiers", "tenants", "priorities") and isinstance(value, Mapping):
             merged[section] = _merge_named(section, merged.get(section) or {}, value)
+        elif section == "priorities" and value is None:
+            continue  # as the policy file reads it: no priority classes given
         else:
             merged[section] = value
     return merged

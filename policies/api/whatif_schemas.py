@@ -35,9 +35,28 @@ class DraftTierName(serializers.CharField):
     """A configured tier, by its name."""
 
 
+class DraftRules(RuleMapField):
+    """Rule specs by level as the policy file spells them: a list for each level given."""
+
+
+class DraftRulesExtension(OpenApiSerializerFieldExtension):
+    """RuleMapField's schema, but a level's rules are a list, never null (as in a policy file)."""
+
+    target_class = DraftRules
+
+    def map_serializer_field(self, auto_schema, direction):
+        schema = RuleMapExtension(self.target).map_serializer_field(auto_schema, direction)
+        schema["additionalProperties"] = {k: v for k, v in schema["additionalProperties"].items() if k != "nullable"}
+        return schema
+
+
 class DraftTenant(serializers.Serializer):
     tier = DraftTierName(required=False, help_text="Default: its tier now; for a new tenant the default tier.")
-    overrides = RuleMapField(required=False, help_text="Each level given replaces its overrides ([] removes them).")
+    overrides = DraftRules(
+        required=False,
+        allow_null=True,
+        help_text="Each level given replaces its overrides there ([] removes them); null removes them all.",
+    )
     overrides_until = serializers.DateTimeField(required=False, allow_null=True, help_text="null: never.")
 
 
@@ -47,7 +66,7 @@ class DraftPriority(serializers.Serializer):
 
 
 class DraftField(serializers.JSONField):
-    """A part of a draft, described by DraftFieldExtension: `shape` is "level" (a level by
+    """A part of a draft, described by DraftFieldExtension: `shape` is "levels" (each by
     name, or with its fail mode), "global" (rule specs as a list or by level), or a kind of
     name ("tier", "tenant", "priority") that keys an object of `value`s."""
 
@@ -61,34 +80,41 @@ class DraftFieldExtension(OpenApiSerializerFieldExtension):
 
     def map_serializer_field(self, auto_schema, direction):
         shape, value = self.target.shape, self.target.value
-        if shape == "level":
+        if shape == "levels":
             spec = auto_schema.resolve_serializer(DraftLevelSpec, direction).ref
-            return {"oneOf": [{"type": "string", "pattern": NAME_PATTERN, "maxLength": 64}, spec]}
-        rules = RuleMapExtension(RuleMapField()).map_serializer_field(auto_schema, direction)
+            level = {"oneOf": [{"type": "string", "pattern": NAME_PATTERN, "maxLength": 64}, spec]}
+            # Names are unique too, which a schema cannot say of a list.
+            return {"type": "array", "items": level, "minItems": 1, "uniqueItems": True}
+        rules = DraftRulesExtension(DraftRules()).map_serializer_field(auto_schema, direction)
         if shape == "global":
             return {"oneOf": [{"type": "array", "items": rules["additionalProperties"]["items"]}, rules]}
-        return keyed_by(shape, rules if value is RuleMapField else auto_schema.resolve_serializer(value, direction).ref)
+        if value is DraftRules:
+            schema = keyed_by(shape, rules)
+        else:
+            each = auto_schema.resolve_serializer(value, direction).ref
+            # A tenant given as null is one with every field as it is (a new one: the default tier).
+            schema = keyed_by(shape, {"allOf": [each], "nullable": True} if shape == "tenant" else each)
+        return {**schema, "nullable": True} if self.target.allow_null else schema
 
 
 class PolicyDraft(serializers.Serializer):
     """A policy document in the `loadpolicies` format, whole or partial."""
 
     default_tier = DraftTierName(required=False, allow_null=True, help_text="null: none.")
-    levels = serializers.ListField(
-        child=DraftField("level"),
-        min_length=1,
-        required=False,
-        help_text="Each level given replaces it; new ones go last.",
-    )
+    levels = DraftField("levels", required=False, help_text="Each level given replaces it; new ones go last.")
     tiers = DraftField(
         "tier",
-        RuleMapField,
+        DraftRules,
         required=False,
         help_text="Each level a tier gives replaces its rules there ([] removes them).",
     )
     tenants = DraftField("tenant", DraftTenant, required=False, help_text="Each field a tenant gives replaces its own.")
     priorities = DraftField(
-        "priority", DraftPriority, required=False, help_text="Each priority class given replaces it."
+        "priority",
+        DraftPriority,
+        required=False,
+        allow_null=True,
+        help_text="Each priority class given replaces it; null: none given.",
     )
 
     def get_fields(self):
@@ -105,8 +131,10 @@ class Window(serializers.CharField):
 
 class WhatIfRequest(serializers.Serializer):
     policy = PolicyDraft(
+        allow_null=True,
         help_text="The draft: a policy document as `loadpolicies` reads it, whole or partial, laid over the "
-        "current policy: only the tiers, tenants, levels and priority classes it gives change."
+        "current policy: only the tiers, tenants, levels and priority classes it gives change. null or {}: "
+        "no change (an empty policy file reads as null).",
     )
     window = Window(required=False, help_text="How far back to replay: 1s to 24h, like 300, 5m or 1h (default 1h).")
     top = serializers.IntegerField(
