@@ -207,8 +207,8 @@ def _check_tenant(
     if not _names_one_of(tier, tiers):
         raise ConfigError(unknown("tier", tier, tiers), f"{path}.tier")
     # Overrides replace the tier's rules at their levels, which were checked with the tier.
-    overrides = spec.get("overrides")
-    overrides = _owner_rules("tenant", {} if overrides is None else overrides, levels, global_rules, f"{path}.overrides")
+    given = spec.get("overrides")
+    overrides = _owner_rules("tenant", {} if given is None else given, levels, global_rules, f"{path}.overrides")
     return {
         "tier": tier,
         "overrides": overrides,
