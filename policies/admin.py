@@ -34,6 +34,7 @@ from core import RULES
 from .history import put_back_rules, record_rules, revert_refusal
 from .invariants import PolicyViolation, check_deletable, check_owner_rules, check_rule, check_rule_rows
 from .models import Level, PolicySettings, PolicyVersion, PriorityClass, Rule, ServiceToken, StaleVersion, Tenant, Tier
+from .whatif_admin import PreviewImpact
 
 STALE_MESSAGE = (
     "This {kind} changed since you opened it (someone else saved it, or a policy file was "
@@ -84,16 +85,21 @@ class RuleForm(forms.ModelForm):
 class RuleFormSet(forms.BaseInlineFormSet):
     """The rules of one tier or tenant, checked together with the global rules."""
 
-    def clean(self):
-        super().clean()
-        if any(self.errors):
-            return
+    def rule_specs(self) -> dict[str, list[dict]]:
+        """The rules the formset holds (once valid), as specs by level name."""
         rules: dict[str, list[dict]] = {}
         for form in self.forms:
             data = form.cleaned_data
             if data and not data.get("DELETE"):
                 rule = Rule(**{k: data[k] for k in RuleForm.Meta.fields})
                 rules.setdefault(data["level"].name, []).append(rule.spec())
+        return rules
+
+    def clean(self):
+        super().clean()
+        if any(self.errors):
+            return
+        rules = self.rule_specs()
         try:
             check_owner_rules("tier" if isinstance(self.instance, Tier) else "tenant", rules)
         except PolicyViolation as error:
@@ -336,7 +342,7 @@ class LevelAdmin(VersionedAdmin):
 
 
 @admin.register(Tier)
-class TierAdmin(RuleOwnerAdmin):
+class TierAdmin(PreviewImpact, RuleOwnerAdmin):
     form = TierForm
     inlines = [TierRuleInline]
     list_display = ["name", "rule_count", "tenant_count", "version"]
@@ -352,7 +358,7 @@ class TierAdmin(RuleOwnerAdmin):
 
 
 @admin.register(Tenant)
-class TenantAdmin(RuleOwnerAdmin):
+class TenantAdmin(PreviewImpact, RuleOwnerAdmin):
     form = TenantForm
     inlines = [TenantRuleInline]
     list_display = ["key", "tier", "overrides_until", "has_overrides"]

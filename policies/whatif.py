@@ -125,6 +125,17 @@ def what_if(
     """The recorded requests of the last `window` seconds replayed under the current policy
     and under `draft`: per tenant (the `top` most newly denied), in all, and over time."""
     current, drafted = draft_policies(draft)
+    return replay_window(current, drafted, window, top, progress)
+
+
+def replay_window(
+    current: Policy,
+    drafted: Policy,
+    window: float,
+    top: int = TOP_TENANTS,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
+    """`what_if` once the policies are read (no database: a background thread may run it)."""
     recorder = decision_recorder()
     end = recorder.clock() if recorder is not None else time.time()
     start = end - window
