@@ -249,7 +249,7 @@ class RedisLog:
 
     One key (one hash slot) on a Redis Cluster too: a flush is one pipeline to one node and a
     replay reads one stream in order, at the price of every worker's records going to that
-    node (about 3 us of its CPU a record)."""
+    node (one XADD a record)."""
 
     def __init__(self, client: Any, key: str, limit: int) -> None:
         self.client, self.key, self.limit = client, key, limit
