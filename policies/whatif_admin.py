@@ -21,6 +21,7 @@ import secrets
 import threading
 from typing import Any
 
+from django.contrib import admin
 from django.core.cache import cache
 from django.db import close_old_connections
 from django.http import Http404, JsonResponse
@@ -41,7 +42,7 @@ _CACHE_PREFIX = "whatif-job:"
 log = logging.getLogger(__name__)
 
 
-class PreviewImpact:
+class PreviewImpact(admin.ModelAdmin):
     """A ModelAdmin mixin for the tier and tenant pages: the button, its view and its job."""
 
     change_form_template = "admin/policies/whatif_change_form.html"
@@ -93,7 +94,9 @@ class PreviewImpact:
         valid = all([formset.is_valid() for formset in formsets]) and valid
         if not valid:
             return None, _errors(form, formsets)
-        rules = {level: [] for level in Level.objects.order_by("position", "name").values_list("name", flat=True)}
+        rules: dict[str, list[dict]] = {
+            level: [] for level in Level.objects.order_by("position", "name").values_list("name", flat=True)
+        }
         for formset in formsets:
             rules.update(formset.rule_specs())
         return self.draft(stored, form.cleaned_data, rules), []
