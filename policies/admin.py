@@ -50,6 +50,7 @@ from .models import (
     Tier,
 )
 from .rule_form import RuleForm
+from .whatif_admin import PreviewImpact
 
 STALE_MESSAGE = (
     "This {kind} changed since you opened it (someone else saved it, or a policy file was "
@@ -60,16 +61,21 @@ STALE_MESSAGE = (
 class RuleFormSet(forms.BaseInlineFormSet):
     """The rules of one tier or tenant, checked together with the global rules."""
 
-    def clean(self):
-        super().clean()
-        if any(self.errors):
-            return
+    def rule_specs(self) -> dict[str, list[dict]]:
+        """The rules the formset holds (once valid), as specs by level name."""
         rules: dict[str, list[dict]] = {}
         for form in self.forms:
             data = form.cleaned_data
             if data and not data.get("DELETE"):
                 rule = Rule(**{k: data[k] for k in RuleForm.Meta.fields})
                 rules.setdefault(data["level"].name, []).append(rule.spec())
+        return rules
+
+    def clean(self):
+        super().clean()
+        if any(self.errors):
+            return
+        rules = self.rule_specs()
         try:
             check_owner_rules("tier" if isinstance(self.instance, Tier) else "tenant", rules)
         except PolicyViolation as error:
@@ -325,7 +331,9 @@ class LevelAdmin(VersionedAdmin):
 
 
 @admin.register(Tier)
-class TierAdmin(RuleOwnerAdmin):
+# PolicyAdmin names its history template by a string, which django-stubs' ModelAdmin (a base of
+# PreviewImpact too) types more widely: the two bases agree at run time.
+class TierAdmin(PreviewImpact, RuleOwnerAdmin):  # type: ignore[misc]
     form = TierForm
     inlines = [TierRuleInline]
     list_display = ["name", "rule_count", "tenant_count", "version"]
@@ -341,7 +349,9 @@ class TierAdmin(RuleOwnerAdmin):
 
 
 @admin.register(Tenant)
-class TenantAdmin(RuleOwnerAdmin):
+# PolicyAdmin names its history template by a string, which django-stubs' ModelAdmin (a base of
+# PreviewImpact too) types more widely: the two bases agree at run time.
+class TenantAdmin(PreviewImpact, RuleOwnerAdmin):  # type: ignore[misc]
     form = TenantForm
     inlines = [TenantRuleInline]
     list_display = ["key", "tier", "overrides_until", "has_overrides"]

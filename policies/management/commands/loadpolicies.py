@@ -7,7 +7,7 @@ from django.db import DatabaseError
 
 from core import ConfigError
 from policies.models import Tier
-from policies.policyfile import load_policy, read_file
+from policies.policyfile import load_policy, read_file, refusal
 from policies.signals import acting_as
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
@@ -37,8 +37,7 @@ class Command(BaseCommand):
             with acting_as(f"loadpolicies {path.name}"):
                 checked = load_policy(read_file(path))
         except ConfigError as error:
-            where = f"{path}: {error.path}" if error.path else str(path)
-            raise CommandError(f"{where}: {error.reason}") from None
+            raise CommandError(refusal(path, error)) from None
         except DatabaseError as error:
             # One transaction: a load that fails part way leaves the store as it was.
             raise CommandError(f"the policy database is unreachable; nothing was loaded: {error}") from None
