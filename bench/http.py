@@ -806,7 +806,7 @@ OURS = [  # (a file of this repository, or a folder with its slash, its category
     ("policies/api/answers.py", "decision body + RateLimit headers"),
     ("policies/headers.py", "decision body + RateLimit headers"),
     ("policies/api/observe.py", "record: metrics + denial stats"),
-    ("core/stats.py", "record: metrics + denial stats"),
+    ("core/stats/", "record: metrics + denial stats"),
     ("policies/api/decisions.py", "the view itself"),
     ("core/", "engine: limiter + Redis store"),
     ("bench/", "bench harness"),

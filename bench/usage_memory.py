@@ -1,4 +1,4 @@
-"""Redis memory of the per-tenant usage statistics (core/stats.py), measured for N active tenants.
+"""Redis memory of the per-tenant usage statistics (core/stats/), measured for N active tenants.
 
 One tenant's steady state is written through the real code path (DenialStats.record and
 flush, on a manual clock, into a real redis-server): every minute of the last

@@ -14,6 +14,13 @@ class LimiterAdminSite(admin.AdminSite):
     site_title = "Limiter Admin"
     index_title = "Policies and operations"
 
+    def index(self, request, extra_context=None):
+        """The index, its recent actions read as sentences (`limiter_admin.actions`)."""
+        from limiter_admin.actions import recent_actions
+
+        context = {"recent_actions": recent_actions(request.user), **(extra_context or {})}
+        return super().index(request, context)
+
     def get_urls(self):
         from limiter_admin import dashboard, tenant_page
 

@@ -24,8 +24,6 @@ from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import messages
-from django.contrib.admin.models import CHANGE, LogEntry
-from django.contrib.contenttypes.models import ContentType
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -40,6 +38,8 @@ from policies.api.observe import denial_stats
 from policies.api.requests import MAX_KEY_LENGTH
 from policies.compile import TENANT_LEVEL, policy_cache
 from policies.models import Level, PriorityClass, Tenant, Tier
+
+from .actions import log_console_action
 
 # The windows an operator picks from: label, and the chart's step (seconds per bar).
 WINDOWS = {"5m": ("5 min", 60), "1h": ("1 h", 60), "24h": ("24 h", 900)}
@@ -435,19 +435,21 @@ def reset_buckets(request, query: BucketQuery) -> None:
     """Forget the state of every rule of the key (it starts full), and log who did it."""
     data = query.cleaned_data
     policy_cache().limiter_for(query.team_key).reset(data["level"], data["key"])
-    # The admin's own log, so the reset shows in the operator's "Recent actions"; attached
-    # to the tenant when the key is one, else to no object.
-    tenant = Tenant.objects.filter(key=data["key"]).first() if data["level"] == TENANT_LEVEL else None
-    what = f"{data['level']}: {data['key']}" + (f" (team {data['team']})" if data.get("team") else "")
-    LogEntry.objects.create(
-        user=request.user,
-        action_flag=CHANGE,
-        content_type=ContentType.objects.get_for_model(Tenant) if tenant else None,
-        object_id=str(tenant.pk) if tenant else None,
-        object_repr=f"buckets of {what}"[:200],
-        change_message=f"Reset the buckets of {what} from the dashboard.",
-    )
+    # The admin's own log, so the reset shows in the operator's "Recent actions", attached to
+    # the tenant of the key's team when it has one (the entry links to its page).
+    team = query.team_key
+    tenant = Tenant.objects.filter(key=team).first() if team is not None else None
+    what = key_name(data["level"], data["key"], data.get("team"))
+    log_console_action(request, f"reset the buckets of {what}", what, tenant)
     messages.success(request, f"The buckets of {what} were reset: they start full.")
+
+
+def key_name(level: str, key: str, team: str | None = None) -> str:
+    """A key as the console names it: the team key alone, a user as `team / user`, any other
+    key with its level (`global: *`)."""
+    if level == TENANT_LEVEL:
+        return key
+    return f"{team} / {key}" if team else f"{level}: {key}"
 
 
 def dry_run_context(query: DryRunQuery) -> dict:

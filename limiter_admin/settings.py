@@ -155,6 +155,9 @@ LIMITER_BATCH_TIMEOUT = float(env_str("LIMITER_BATCH_TIMEOUT") or "1.0")
 # days (docs/OPERATIONS.md gives the memory they take).
 LIMITER_USAGE_MINUTE_HOURS = float(env_str("LIMITER_USAGE_MINUTE_HOURS") or "24")
 LIMITER_USAGE_HOUR_DAYS = float(env_str("LIMITER_USAGE_HOUR_DAYS") or "30")
+# The most recent decision requests kept for the what-if replay (0: none recorded, at no cost);
+# in the statistics' Redis when REDIS_URL is set, else in the process. docs/OPERATIONS.md.
+LIMITER_RECORD_LIMIT = int(env_str("LIMITER_RECORD_LIMIT") or "200000")
 CACHES = _caches(REDIS_URL, LIMITER_STORE_TIMEOUT, LIMITER_BATCH_TIMEOUT)
 # Each alias its own pool, with its own timeouts (django-redis would share one per URL).
 DJANGO_REDIS_CONNECTION_FACTORY = "limiter_admin.redis_pools.PoolPerSettingsFactory"

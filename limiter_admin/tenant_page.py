@@ -16,8 +16,6 @@ from datetime import UTC, datetime
 
 from django import forms
 from django.contrib import messages
-from django.contrib.admin.models import CHANGE, LogEntry
-from django.contrib.contenttypes.models import ContentType
 from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -26,10 +24,12 @@ from core import StoreUnavailable
 from policies.api.inspection import USAGE_HOURS, USAGE_MINUTES, rule_sources
 from policies.api.observe import denial_stats
 from policies.api.requests import MAX_KEY_LENGTH
+from policies.changes import Names, previous_records, record_changes, sentence_parts
 from policies.compile import TENANT_LEVEL, policy_cache
 from policies.models import StaleVersion, Tenant
 from policies.overrides import MAX_FACTOR, MAX_HOURS, QuickRaiseRefused, raisable, raise_limit, why_not
 
+from .actions import log_console_action
 from .dashboard import (
     PARTIALS,
     REFRESH,
@@ -44,6 +44,7 @@ from .dashboard import (
 )
 
 TOP_USERS = 10
+RECENT_CHANGES = 10
 SERIES_COLOURS = {"allowed": "hsl(140, 45%, 40%)", "denied": "hsl(3, 70%, 50%)", "shadow_denied": "hsl(45, 85%, 45%)"}
 FACTORS = (1.5, 2, 5, 10)
 DEFAULT_HOURS = 4
@@ -132,14 +133,12 @@ class TenantViews:
 
 def _log_raise(request, raised, data) -> None:
     """In the admin's log, so that it shows in "Recent actions" under the operator's name."""
-    LogEntry.objects.create(
-        user=request.user,
-        action_flag=CHANGE,
-        content_type=ContentType.objects.get_for_model(Tenant),
-        object_id=str(raised.tenant.pk),
-        object_repr=str(raised.tenant)[:200],
-        change_message=f"Raised {raised.level}: {data['rule']} x{data['factor']:g} for {data['hours']} h "
-        "from the tenant page (an expiring override).",
+    log_console_action(
+        request,
+        f"raised {raised.level}: {data['rule']} x{data['factor']:g} for {data['hours']} h for {raised.tenant.key} "
+        f"(an expiring override, now {raised.rule})",
+        raised.tenant.key,
+        raised.tenant,
     )
 
 
@@ -172,8 +171,35 @@ def tenant_context(key: str) -> dict:
         "breakdown": _by_rule(day, month, "blocked_by"),
         "shadow": _by_rule(day, month, "shadow_blocked_by"),
         "users": _users(key, day),
+        "changes": recent_changes(tenant),
         "links": _links(key, tenant),
     }
+
+
+def recent_changes(tenant: Tenant | None, limit: int = RECENT_CHANGES) -> list[dict]:
+    """The tenant's latest versions, newest first, each as a sentence (its own fields and its
+    overrides, diffed against the version before: `policies.changes`), with who made it,
+    when, and a link to that version's history page."""
+    if tenant is None:
+        return []
+    records = list(tenant.history.select_related("history_user").order_by("-history_date", "-history_id")[:limit])
+    previous = previous_records(records)
+    names = Names()
+    out = []
+    for record in records:
+        before, name, after = sentence_parts(
+            record, record_changes(record, previous.get(record.history_id), names), names
+        )
+        out.append(
+            {
+                "text": (before + name + after)[:1].upper() + (before + name + after)[1:],
+                "when": record.history_date,
+                "by": record.history_user or record.history_change_reason or "",
+                "url": reverse("admin:policies_tenant_simple_history", args=[tenant.pk, record.history_id]),
+                "version": record.policy_version,
+            }
+        )
+    return out
 
 
 def effective_rules(key: str, policy, tenant: Tenant | None = None) -> list[dict]:

@@ -1,14 +1,16 @@
 """The operators' console for the policy store.
 
 Rule types, their parameters and help texts come from core.RULES; nothing about a rule
-type is written here. Tiers, tenants, levels and priority classes carry a hidden version: a
-save of a page that someone changed since it was opened is refused, never silently applied
-over their change.
+type is written here: a rule's form (`policies.rule_form`) has a typed field per parameter,
+built from its type's declarations, and JSON for plug-in types. Tiers, tenants, levels and
+priority classes carry a hidden version: a save of a page that someone changed since it was
+opened is refused, never silently applied over their change.
 Every model keeps its history (django-simple-history), shown by each page's History link;
 reverting to a version goes through the same form, checks and lock as an edit, and puts a
-tier's or tenant's rules back too (`policies.history`). The policy's invariants are checked
-by `policies.invariants`, as the API and the policy file check them: this module only shows
-their refusals.
+tier's or tenant's rules back too (`policies.history`). History pages and the policy versions
+list word each change as `policies.changes` does (a tier's rules diffed field by field). The
+policy's invariants are checked by `policies.invariants`, as the API and the policy file
+check them: this module only shows their refusals.
 """
 
 from __future__ import annotations
@@ -20,20 +22,35 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
+from django.contrib.admin.views.main import ChangeList
+from django.contrib.admin.widgets import RelatedFieldWidgetWrapper
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from simple_history.admin import SimpleHistoryAdmin
 
-from core import RULES
-
+from .changes import Names, described, previous_records, record_changes, sentence, summary, version_records
 from .history import put_back_rules, record_rules, revert_refusal
-from .invariants import PolicyViolation, check_deletable, check_owner_rules, check_rule, check_rule_rows
-from .models import Level, PolicySettings, PolicyVersion, PriorityClass, Rule, ServiceToken, StaleVersion, Tenant, Tier
+from .invariants import PolicyViolation, check_deletable, check_owner_rules, check_rule_rows
+from .models import (
+    Level,
+    PolicyChange,
+    PolicySettings,
+    PolicyVersion,
+    PriorityClass,
+    Rule,
+    ServiceToken,
+    StaleVersion,
+    Tenant,
+    Tier,
+)
+from .rule_form import RuleForm
+from .whatif_admin import PreviewImpact
 
 STALE_MESSAGE = (
     "This {kind} changed since you opened it (someone else saved it, or a policy file was "
@@ -41,59 +58,24 @@ STALE_MESSAGE = (
 )
 
 
-def parameter_lines(type_name: str) -> list[tuple[str, str]]:
-    """(name and bounds, help) for each declared parameter of a rule type."""
-    cls = RULES.get(type_name)
-    if cls is None:
-        return []
-    lines = []
-    for param in cls.params:
-        schema = param.schema()
-        bounds = [f"{schema['type']}"]
-        if "minimum" in schema:
-            bounds.append(f">= {schema['minimum']:g}")
-        if "exclusiveMinimum" in schema:
-            bounds.append(f"> {schema['exclusiveMinimum']:g}")
-        if "default" in schema:
-            bounds.append(f"default {schema['default']}")
-        lines.append((f"{param.name} ({', '.join(bounds)})", param.help))
-    return lines
-
-
-def parameters_help() -> str:
-    """Every rule type's parameters, for the params field's help text."""
-    return format_html_join(
-        "",
-        "<div><b>{}</b>: {}</div>",
-        ((name, "; ".join(f"{p} - {h}" for p, h in parameter_lines(name))) for name in sorted(RULES)),
-    )
-
-
-class RuleForm(forms.ModelForm):
-    class Meta:
-        model = Rule
-        fields = ["level", "type", "params", "label", "shadow", "counts", "position"]
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if "params" in self.fields:
-            self.fields["params"].help_text = parameters_help()
-            self.fields["params"].widget.attrs.update(rows=2, cols=40)
-
-
 class RuleFormSet(forms.BaseInlineFormSet):
     """The rules of one tier or tenant, checked together with the global rules."""
 
-    def clean(self):
-        super().clean()
-        if any(self.errors):
-            return
+    def rule_specs(self) -> dict[str, list[dict]]:
+        """The rules the formset holds (once valid), as specs by level name."""
         rules: dict[str, list[dict]] = {}
         for form in self.forms:
             data = form.cleaned_data
             if data and not data.get("DELETE"):
                 rule = Rule(**{k: data[k] for k in RuleForm.Meta.fields})
                 rules.setdefault(data["level"].name, []).append(rule.spec())
+        return rules
+
+    def clean(self):
+        super().clean()
+        if any(self.errors):
+            return
+        rules = self.rule_specs()
         try:
             check_owner_rules("tier" if isinstance(self.instance, Tier) else "tenant", rules)
         except PolicyViolation as error:
@@ -107,13 +89,9 @@ class RulePageForm(RuleForm):
     def clean(self):
         super().clean()
         data = self.cleaned_data
-        if self.errors or (data.get("tier") and data.get("tenant")) or not isinstance(data.get("params"), dict):
-            return data  # the field's own error, or the model's (never both owners; params a mapping)
+        if self.errors or (data.get("tier") and data.get("tenant")):
+            return data  # the field's own error, or the model's (never both owners)
         candidate = Rule(pk=self.instance.pk, **{k: data.get(k) for k in ["tier", "tenant", *RuleForm.Meta.fields]})
-        try:
-            check_rule(candidate.spec())
-        except PolicyViolation:
-            return data  # the model's validation names the field
         try:
             check_rule_rows(save=candidate)
         except PolicyViolation as error:
@@ -122,18 +100,24 @@ class RulePageForm(RuleForm):
 
 
 class RuleInline(admin.TabularInline):
+    """A tier's or tenant's rules, one row each: the parameters cell shows the typed fields of
+    the rule type picked (`policies.rule_form`)."""
+
     model = Rule
     form = RuleForm
     formset = RuleFormSet
     extra = 0
-    fields = ["level", "type", "params", "parameters", "label", "shadow", "counts", "position"]
-    readonly_fields = ["parameters"]
+    fields = ["level", "type", "params", "label", "shadow", "counts", "position"]
 
-    @admin.display(description="parameters of this type")
-    def parameters(self, rule):
-        if not rule or not rule.type:
-            return "Save to see the parameters of the chosen type (all are listed under params)."
-        return format_html_join("", "<div><b>{}</b>: {}</div>", parameter_lines(rule.type))
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        widget = getattr(field, "widget", None)
+        if isinstance(widget, RelatedFieldWidgetWrapper):
+            # No add, change or delete a level from a rule's row: levels have their own page,
+            # and the four buttons would widen every row of the table.
+            widget.can_add_related = widget.can_change_related = False
+            widget.can_delete_related = widget.can_view_related = False
+        return field
 
 
 class TierRuleInline(RuleInline):
@@ -224,6 +208,17 @@ class PolicyAdmin(SimpleHistoryAdmin):
     hold (`reverted`)."""
 
     object_history_form_template = "admin/policies/history_form.html"
+    object_history_template = "admin/policies/object_history.html"
+    object_history_list_template = "admin/policies/object_history_list.html"
+
+    def set_history_delta_changes(self, request, historical_records, foreign_keys_are_objs=True):
+        """Each record's changes as `policies.changes` words them: field diffs without the
+        version counter, related rows by name, and a tier's or tenant's rules diffed too."""
+        records = list(historical_records)
+        names = Names()
+        previous = previous_records(records)
+        for record in records:
+            record.changes = record_changes(record, previous.get(record.history_id), names)
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         try:
@@ -336,7 +331,9 @@ class LevelAdmin(VersionedAdmin):
 
 
 @admin.register(Tier)
-class TierAdmin(RuleOwnerAdmin):
+# PolicyAdmin names its history template by a string, which django-stubs' ModelAdmin (a base of
+# PreviewImpact too) types more widely: the two bases agree at run time.
+class TierAdmin(PreviewImpact, RuleOwnerAdmin):  # type: ignore[misc]
     form = TierForm
     inlines = [TierRuleInline]
     list_display = ["name", "rule_count", "tenant_count", "version"]
@@ -352,7 +349,9 @@ class TierAdmin(RuleOwnerAdmin):
 
 
 @admin.register(Tenant)
-class TenantAdmin(RuleOwnerAdmin):
+# PolicyAdmin names its history template by a string, which django-stubs' ModelAdmin (a base of
+# PreviewImpact too) types more widely: the two bases agree at run time.
+class TenantAdmin(PreviewImpact, RuleOwnerAdmin):  # type: ignore[misc]
     form = TenantForm
     inlines = [TenantRuleInline]
     list_display = ["key", "tier", "overrides_until", "has_overrides"]
@@ -446,12 +445,7 @@ class PolicySettingsAdmin(PolicyAdmin):
         return False
 
 
-@admin.register(PolicyVersion)
-class PolicyVersionAdmin(admin.ModelAdmin):
-    """Read-only: the number workers poll to notice a change."""
-
-    list_display = ["number"]
-
+class ReadOnlyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
@@ -460,6 +454,88 @@ class PolicyVersionAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(PolicyVersion)
+class PolicyVersionAdmin(ReadOnlyAdmin):
+    """Read-only: the number workers poll to notice a change. Not on the index: the policy
+    versions list (PolicyChange) shows each version with its author and changes."""
+
+    list_display = ["number", "versions"]
+
+    def get_model_perms(self, request):
+        return {}  # left off the index, still served
+
+    @admin.display(description="each version")
+    def versions(self, counter):
+        return format_html('<a href="{}">policy versions</a>', reverse("admin:policies_policychange_changelist"))
+
+
+class VersionChangeList(ChangeList):
+    """The page's versions with what each changed, read for the whole page at once."""
+
+    def get_results(self, request):
+        super().get_results(request)
+        records = version_records(row.version for row in self.result_list)
+        names = Names()
+        for row in self.result_list:
+            row.summary = summary(records.get(row.version, []), names)
+
+
+@admin.register(PolicyChange)
+class PolicyChangeAdmin(ReadOnlyAdmin):
+    """Each policy version: when, who, and what it changed (its history records, worded by
+    `policies.changes`); a version's page lists every change, each linked to its record."""
+
+    list_display = ["version", "at", "author", "what_changed"]
+
+    class Media:
+        css = {"all": ["policies/history.css"]}
+
+    list_display_links = ["version"]
+    list_filter = ["by"]
+    date_hierarchy = "at"
+    fields = ["version", "at", "author", "changes"]
+    readonly_fields = ["version", "at", "author", "changes"]
+
+    def get_changelist(self, request, **kwargs):
+        return VersionChangeList
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("user")
+
+    @admin.display(description="by", ordering="by")
+    def author(self, change):
+        return change.by or "(not recorded)"
+
+    @admin.display(description="what changed")
+    def what_changed(self, change):
+        lines = getattr(change, "summary", None) or ["(no history records: made before versions were logged)"]
+        return format_html_join("", '<div class="version-summary">{}</div>', ((line,) for line in lines))
+
+    @admin.display(description="changes")
+    def changes(self, change):
+        records = version_records([change.version])[change.version]
+        if not records:
+            return "No history records carry this version (it was made before versions were logged)."
+        names = Names()
+        return format_html(
+            '<ul class="version-changes">{}</ul>',
+            format_html_join(
+                "",
+                '<li><a href="{}">{}</a></li>',
+                (
+                    (_record_url(record), sentence(record, found, names, most=50))
+                    for record, found in described(records, names)
+                ),
+            ),
+        )
+
+
+def _record_url(record) -> str:
+    """The history page of the version `record` of its row."""
+    opts = record.instance_type._meta
+    return reverse(f"admin:{opts.app_label}_{opts.model_name}_simple_history", args=[record.id, record.history_id])
 
 
 @admin.register(ServiceToken)

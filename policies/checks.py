@@ -78,3 +78,17 @@ def check_key_format(app_configs=None, **kwargs) -> list[Error]:
             id="policies.E003",
         )
     ]
+
+
+@register("policies")
+def check_record_limit(app_configs=None, **kwargs) -> list[Error]:
+    """policies.E004: LIMITER_RECORD_LIMIT is a number of records, 0 (off) or more."""
+    from django.conf import settings
+
+    from core.recorder import check_limit
+
+    try:
+        check_limit(settings.LIMITER_RECORD_LIMIT)
+    except ConfigError as error:
+        return [Error(f"LIMITER_RECORD_LIMIT {error.reason}", id="policies.E004")]
+    return []

@@ -4,9 +4,9 @@ Rules are rows of their own, so a tier's history record (django-simple-history) 
 its name alone. Each record of a tier or tenant also keeps the rules it had then (`rules`,
 from `RulesAtVersion`): taken when the record is made, and taken again once the write that
 made it has replaced the rules. Every write saves the owner first and its rules after, in
-one transaction (the admin's pages, the API, the loader, a revert), so the record made by a
-write holds the rules that write left; a rule saved on its own page saves its owner after
-it, which makes a new record.
+one transaction (the admin's pages, the API, the loader, a revert, a quick raise), so the
+record made by a write holds the rules that write left; a rule saved on its own page saves
+its owner after it, which makes a new record. `policies.changes` diffs consecutive records.
 
 Reverting to a version puts the row's fields back through its admin form (as any edit,
 checked and optimistically locked), and for a tier or tenant its rules too, once they have

@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 from django.dispatch import Signal
+from django.utils import timezone
 from simple_history.models import HistoricalRecords
 
 from core import RULES
@@ -37,6 +39,22 @@ def _history_user(request=None, **kwargs):
     return user if isinstance(user, AbstractBaseUser) else None
 
 
+class AtPolicyVersion(models.Model):
+    """What every policy history record keeps beyond the row's own fields: the policy version
+    its change made, so that a version (`PolicyChange`) lists the records it made."""
+
+    policy_version = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        editable=False,
+        db_index=True,
+        help_text="The policy version this change made. Empty in records made before versions were logged.",
+    )
+
+    class Meta:
+        abstract = True
+
+
 class PolicyHistory(HistoricalRecords):
     """The audit trail of a policy model, naming who made each change. An operator's session
     is the history's user. A service token is no Django user (the API's `request.user` for
@@ -45,6 +63,7 @@ class PolicyHistory(HistoricalRecords):
     rules, a priority class's levels, deletions), not only the one the view saves."""
 
     def __init__(self, **kwargs):
+        kwargs.setdefault("bases", [AtPolicyVersion])
         super().__init__(get_user=_history_user, **kwargs)
 
     def get_change_reason_for_object(self, instance, history_type, using):
@@ -56,8 +75,8 @@ class PolicyHistory(HistoricalRecords):
         return reason
 
 
-class RulesAtVersion(models.Model):
-    """What a tier's or tenant's history record keeps beyond the row's own fields: the rules
+class RulesAtVersion(AtPolicyVersion):
+    """What a tier's or tenant's history record keeps beyond the other records: the rules
     it had at that version (`policies.history`), so that reverting to it can put them back."""
 
     rules = models.JSONField(
@@ -351,8 +370,38 @@ class PolicyVersion(models.Model):
     # of that transaction finds it and bumps no more; a rollback of the bump takes it away.
     bumped_by = models.CharField(max_length=32, default="", editable=False)
 
+    class Meta:
+        verbose_name = "policy version counter"
+
     def __str__(self):
         return f"policy version {self.number}"
+
+
+class PolicyChange(models.Model):
+    """A policy version: when it was made and by whom, written by the bump that made it, in
+    the same transaction. What it changed is in the history records that carry its number
+    (`policy_version`), worded by `policies.changes`."""
+
+    version = models.PositiveBigIntegerField(db_index=True)
+    at = models.DateTimeField("when", default=timezone.now)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    by = models.CharField(
+        "author",
+        max_length=150,
+        blank=True,
+        help_text="Who made it: the operator's name, a service token (token:<name>) or a command "
+        "(loadpolicies <file>); empty when no one could be told.",
+    )
+
+    class Meta:
+        ordering = ["-version", "-id"]
+        verbose_name = "policy version"
+        verbose_name_plural = "policy versions"
+
+    def __str__(self):
+        return f"version {self.version}"
 
 
 TOKEN_SCOPES = [

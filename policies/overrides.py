@@ -21,6 +21,7 @@ from django.utils import timezone
 from core import RULES, ConfigError
 from core.rules import build_rule
 
+from .history import record_rules
 from .models import Level, PolicySettings, Rule, StaleVersion, Tenant
 
 MAX_FACTOR = 100.0
@@ -73,6 +74,7 @@ def raise_limit(
         Rule.objects.filter(tenant=tenant, level=level_row).delete()
         for position, spec in enumerate(specs):
             _rule_from_spec(spec, tenant=tenant, level=level_row, position=position).save()
+        record_rules(tenant)  # the tenant's record this raise made holds the raised rules
     return Raised(tenant, level, build_rule(specs[index], "").display(), until)
 
 

@@ -64,6 +64,12 @@ def read_file(path: str | Path) -> Any:
     return doc
 
 
+def refusal(file: str | Path, error: ConfigError) -> str:
+    """How a command says that a policy file was refused: the file, the path inside it, why."""
+    where = f"{file}: {error.path}" if error.path else str(file)
+    return f"{where}: {error.reason}"
+
+
 def global_level(levels: tuple[str, ...]) -> str:
     """Where the file's plain `global:` list applies: the `global` level, else the last one."""
     return GLOBAL_LEVEL if GLOBAL_LEVEL in levels or not levels else levels[-1]
@@ -78,7 +84,7 @@ def check_document(doc: Any) -> dict:
     unknown_fields = sorted(set(doc) - set(TOP_LEVEL_FIELDS))
     if unknown_fields:
         raise ConfigError(f"unknown field (known: {', '.join(TOP_LEVEL_FIELDS)})", unknown_fields[0])
-    levels = _check_levels(doc.get("levels", list(DEFAULT_LEVELS)))
+    levels = check_levels(doc.get("levels", list(DEFAULT_LEVELS)))
     names = tuple(level["name"] for level in levels)
     global_rules = _check_global(doc.get("global", []), names)
     tiers = {}
@@ -86,13 +92,14 @@ def check_document(doc: Any) -> dict:
         _name(name, f"tiers.{name}")
         tiers[name] = _owner_rules("tier", spec, names, global_rules, f"tiers.{name}")
     default_tier = doc.get("default_tier")
-    if default_tier is not None and default_tier not in tiers:
+    if default_tier is not None and not _names_one_of(default_tier, tiers):
         raise ConfigError(unknown("tier", default_tier, tiers), "default_tier")
     tenants = {
         key: _check_tenant(key, spec, tiers, default_tier, names, global_rules)
         for key, spec in _mapping(doc.get("tenants", {}), "tenants").items()
     }
-    priorities = doc.get("priorities") or {}
+    priorities = doc.get("priorities")
+    priorities = {} if priorities is None else _mapping(priorities, "priorities")
     parse_priorities(priorities, names)  # the watermark's bounds: policies.invariants.check_watermark's
     return {
         "default_tier": default_tier,
@@ -102,6 +109,11 @@ def check_document(doc: Any) -> dict:
         "tenants": tenants,
         "priorities": {n: dict(p) for n, p in priorities.items()},
     }
+
+
+def _names_one_of(name: Any, known: Mapping) -> bool:
+    """Whether `name` is one of the names in `known` (a list or mapping is no name at all)."""
+    return isinstance(name, str) and name in known
 
 
 def _mapping(value: Any, path: str) -> Mapping:
@@ -117,7 +129,8 @@ def _name(value: Any, path: str) -> str:
         raise within(path, error) from None
 
 
-def _check_levels(levels: Any) -> list[dict]:
+def check_levels(levels: Any) -> list[dict]:
+    """The document's `levels`, checked and normalised (names, fail modes); ConfigError else."""
     if not isinstance(levels, list) or not levels:
         raise ConfigError("must be a non-empty list of levels", "levels")
     out, seen = [], set()
@@ -191,10 +204,11 @@ def _check_tenant(
     if extra:
         raise ConfigError("unknown field (known: overrides, overrides_until, tier)", f"{path}.{extra[0]}")
     tier = spec.get("tier", default_tier)
-    if tier not in tiers:
+    if not _names_one_of(tier, tiers):
         raise ConfigError(unknown("tier", tier, tiers), f"{path}.tier")
     # Overrides replace the tier's rules at their levels, which were checked with the tier.
-    overrides = _owner_rules("tenant", spec.get("overrides") or {}, levels, global_rules, f"{path}.overrides")
+    given = spec.get("overrides")
+    overrides = _owner_rules("tenant", {} if given is None else given, levels, global_rules, f"{path}.overrides")
     return {
         "tier": tier,
         "overrides": overrides,

@@ -1,11 +1,22 @@
-"""Every committed policy change bumps the policy version, which workers poll to reload."""
+"""Every committed policy change bumps the policy version, which workers poll to reload.
+
+Each bump also logs the version it made (`PolicyChange`: when, by whom), and every history
+record a change makes carries that version's number (`policy_version`), so that a version
+lists what it changed. That costs one read and one insert per version, whatever the number of
+rows it writes: a policy load of hundreds of rows is one version.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import secrets
+from collections.abc import Iterator
 from functools import partial
+from typing import Any
 
 from asgiref.local import Local
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 from django.db.models import F
 from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete, pre_save
@@ -19,27 +30,47 @@ BEFORE_A_WRITE = (pre_save, pre_delete, models.versioned_save)
 # connections (per thread, and per async context).
 _bumps = Local()
 
+# Who changes the policy when no request says so (a management command).
+_acting: contextvars.ContextVar[str] = contextvars.ContextVar("policies_acting", default="")
 
-def bump_version(token: str = "") -> None:
+
+@contextlib.contextmanager
+def acting_as(name: str) -> Iterator[None]:
+    """Policy versions made inside this block name `name` as their author (`loadpolicies
+    demo.yaml`), unless a request's user made them."""
+    token = _acting.set(name)
+    try:
+        yield
+    finally:
+        _acting.reset(token)
+
+
+def bump_version(token: str = "") -> int:
     """Add one to the policy version (creating its row the first time), marked with `token`,
-    the bumping transaction's."""
-    if models.PolicyVersion.objects.filter(pk=1).update(number=F("number") + 1, bumped_by=token):
-        return
-    _, created = models.PolicyVersion.objects.get_or_create(pk=1, defaults={"number": 1, "bumped_by": token})
-    if not created:
-        # Another transaction created the row since our update found none (on PostgreSQL,
-        # this one waited for it to commit): our change needs a bump of its own.
-        models.PolicyVersion.objects.filter(pk=1).update(number=F("number") + 1, bumped_by=token)
+    the bumping transaction's; log the version it made with its author, and return its
+    number."""
+    if not models.PolicyVersion.objects.filter(pk=1).update(number=F("number") + 1, bumped_by=token):
+        _, created = models.PolicyVersion.objects.get_or_create(pk=1, defaults={"number": 1, "bumped_by": token})
+        if not created:
+            # Another transaction created the row since our update found none (on PostgreSQL,
+            # this one waited for it to commit): our change needs a bump of its own.
+            models.PolicyVersion.objects.filter(pk=1).update(number=F("number") + 1, bumped_by=token)
+    number = models.PolicyVersion.objects.filter(pk=1).values_list("number", flat=True).get()
+    user, by = _author()
+    models.PolicyChange.objects.create(version=number, user=user, by=by[:150])
+    return number
 
 
-def pending_version(using: str = "default") -> int | None:
-    """The version the open transaction's policy change bumped to; None when it bumped none,
-    or its bump was rolled back (with the savepoint that made it, or the whole transaction):
-    the row then carries another transaction's token, or none."""
-    token = getattr(_bumps, using, None)
-    if token is None:
-        return None
-    return models.PolicyVersion.objects.filter(pk=1, bumped_by=token).values_list("number", flat=True).first()
+def _author() -> tuple[Any, str]:
+    """The operator or service token of the request being served, else the command's name."""
+    from simple_history.models import HistoricalRecords
+
+    user = getattr(getattr(HistoricalRecords.context, "request", None), "user", None)
+    if user is None or not user.is_authenticated:
+        return None, _acting.get()
+    if isinstance(user, AbstractBaseUser):
+        return user, user.get_username()
+    return None, str(user)  # a service token: token:<name>
 
 
 def current_version() -> int:
@@ -64,7 +95,7 @@ def policy_changed(sender=None, using="default", signal=None, action="", **kwarg
     connection = transaction.get_connection(using)
     if not connection.in_atomic_block:
         if not before:
-            bump_version()
+            _tag_latest_record(sender, kwargs.get("instance"), bump_version())
         return
     if not before:
         return
@@ -84,6 +115,32 @@ def _committed(using: str, token: str) -> None:
         setattr(_bumps, using, None)
 
 
+def pending_version(using: str = "default") -> int | None:
+    """The version the open transaction's policy change bumped to; None when it bumped none,
+    or its bump was rolled back (with the savepoint that made it, or the whole transaction):
+    the row then carries another transaction's token, or none."""
+    token = getattr(_bumps, using, None)
+    if token is None:
+        return None
+    return models.PolicyVersion.objects.filter(pk=1, bumped_by=token).values_list("number", flat=True).first()
+
+
+def tag_record(sender, history_instance, using=None, **kwargs) -> None:
+    """pre_create_historical_record: a record made inside a transaction carries the version
+    that transaction's bump made (its first write bumped, before any row was written)."""
+    history_instance.policy_version = pending_version(using or "default")
+
+
+def _tag_latest_record(sender, instance, number: int) -> None:
+    """Outside a transaction the bump comes after the write, and after the history record it
+    made: that record gets the version now."""
+    if instance is None or instance.pk is None or not hasattr(type(instance), "history"):
+        return
+    history = type(instance).history.model
+    latest = history.objects.filter(id=instance.pk).order_by("-history_date", "-history_id").values("history_id")[:1]
+    history.objects.filter(history_id__in=latest).update(policy_version=number)
+
+
 def connect() -> None:
     from simple_history.signals import pre_create_historical_record
 
@@ -97,6 +154,10 @@ def connect() -> None:
     m2m_changed.connect(
         policy_changed, sender=models.PriorityClass.levels.through, dispatch_uid="policies-m2m-priority-levels"
     )
+    for model in POLICY_MODELS:
+        pre_create_historical_record.connect(
+            tag_record, sender=model.history.model, dispatch_uid=f"policies-history-version-{model.__name__}"
+        )
     for owner in (models.Tier, models.Tenant):
         # Each version of a tier or tenant in its history keeps the rules it had then.
         pre_create_historical_record.connect(

@@ -31,7 +31,14 @@ from . import schemas
 from .answers import decision_body, decision_headers, explain_rows
 from .auth import CanDecide, ServiceTokenAuthentication, TokenUser, bearer_identity
 from .errors import conflict, invalid, not_found
-from .observe import observe_seconds, record, record_many, reservation_opened, reservation_settled
+from .observe import (
+    observe_seconds,
+    record,
+    record_many,
+    record_reservation,
+    reservation_opened,
+    reservation_settled,
+)
 from .parsers import FastJSONParser
 from .requests import parse_batch, parse_decision, parse_reservation, parse_settlement, read_json
 
@@ -218,7 +225,7 @@ class DecisionView(Timed, GatewayView):
             body = {**decision_body(decision), "dry_run": True, "rules": explain_rows(rows)}
         else:
             decision = limiter.acquire(asked.keys, asked.cost, asked.priority)
-            record(asked.keys, decision, asked.cost)
+            record(asked.keys, decision, asked.cost, asked.priority)
             body = decision_body(decision)
         return body, decision_headers(limiter, asked.keys, decision)
 
@@ -247,7 +254,7 @@ class BatchView(Timed, GatewayView):
             if not error.field:
                 raise
             raise invalid(f"requests.{error.field}", str(error).split(": ", 1)[-1]) from None
-        record_many((r.keys, decision, r.cost) for r, decision in zip(asked, decisions))
+        record_many((r.keys, decision, r.cost, r.priority) for r, decision in zip(asked, decisions))
         return {"decisions": [decision_body(d) for d in decisions]}, {}
 
 
@@ -279,7 +286,7 @@ class ReservationView(Timed, APIView):
         keys, cost, priority, hold = parse_reservation(request.data, cache.current())
         limiter = cache.limiter_for(keys.get(TENANT_LEVEL))
         decision, reservation = limiter.reserve(keys, cost, priority, hold)
-        record(keys, decision, cost)
+        record_reservation(keys, decision, cost, priority, hold, reservation.id if reservation is not None else None)
         body = {**decision_body(decision), "id": None, "expires_at": None, "cost": cost}
         if reservation is not None:
             # The store's clock may not be the wall clock (in-process: monotonic), so the
@@ -310,7 +317,7 @@ class SettleView(Timed, APIView):
         except ReservationSettled:
             raise conflict(f"reservation {reservation_id!r} is already settled", "id") from None
         status = "committed" if self.commit else "cancelled"
-        reservation_settled(reservation_id, status)
+        reservation_settled(reservation_id, status, actual_cost)
         return Response(
             {
                 "id": reservation_id,

@@ -156,14 +156,13 @@ def parse_usage_query(query) -> tuple[int, int]:
 def tenant_usage(key: str, window: int, step: int, top: int = USAGE_TOP_USERS) -> dict:
     """A tenant's usage (core.stats.DenialStats.usage), with the tier it resolves to now when
     the statistics have none. Raises a 404 for a key that is neither a tenant nor seen in the
-    window, and a 400 for a step of a minute over more than the minutes kept."""
+    window. A step of a minute covers the minutes kept at most: a longer window is cut to them
+    (the first point's `start` says where the series begins)."""
     policy = policy_cache().current()
     known = key in policy.tenants
     stats = denial_stats()
-    if step == 60 and window > USAGE_MINUTES:
-        if not known and not stats.usage(key, window, 3600, top)["has_traffic"]:
-            raise _no_tenant(key)
-        raise invalid("window", f"with step 1m, at most {_duration_text(USAGE_MINUTES)} (the minutes kept)")
+    if step == 60:
+        window = min(window, USAGE_MINUTES)
     usage = stats.usage(key, window, step, top)
     if not usage.pop("has_traffic") and not known:
         raise _no_tenant(key)
@@ -245,7 +244,7 @@ class TenantUsageView(APIView):
                 "window",
                 {"type": "string", "pattern": f"^(?:{USAGE_WINDOW_PATTERN})$"},
                 description=f"1s to {_duration_text(USAGE_HOURS)}, e.g. 1h, 24h, 30d (default 24h); with step 1m "
-                f"at most {_duration_text(USAGE_MINUTES)}.",
+                f"the series covers the last {_duration_text(USAGE_MINUTES)} at most (the minutes kept).",
             ),
             OpenApiParameter(
                 "step",

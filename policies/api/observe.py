@@ -1,9 +1,17 @@
-"""What every decision leaves behind: Prometheus metrics and the decision statistics.
+"""What every decision leaves behind: Prometheus metrics, the decision statistics and the
+decision record.
 
-Both are in-process and cheap (no I/O on the decision's path). The statistics are pushed
+All three are in-process and cheap (no I/O on the decision's path). The statistics are pushed
 to the shared store in one pipeline about once a second (core.stats.DenialStats), so every
 worker's counts add up in `/api/v1/stats/blocked`, `/api/v1/tenants/{key}/usage` and the
-dashboard.
+dashboard. The record (core.recorder.DecisionRecorder, `decision_recorder()`) keeps the
+recent requests themselves, flushed the same way, for the what-if replay (policies.whatif).
+
+Every path that decides calls one function here per decision, and nothing else: `record`
+(a decision), `record_many` (a batch), `record_reservation` (a reservation asked for, allowed
+or not), `reservation_settled` (committed or cancelled) and `record_release` (a concurrency
+lease handed back). A new path (a forward-auth endpoint, a gRPC service) calls the same ones
+with the keys, cost and priority it decided, so that its traffic is counted and replayable.
 
 Metrics: `limiter_decisions_total{result,level,reason}`, `limiter_store_unavailable_total`,
 `limiter_shadow_denials_total{level,rule}` (a decision that a shadow rule would have denied,
@@ -32,6 +40,7 @@ from prometheus_client import (  # noqa: F401  (CONTENT_TYPE_LATEST: re-exported
 )
 
 from core import Decision
+from core.recorder import DecisionRecorder
 
 DECISIONS = Counter(
     "limiter_decisions", "Decisions made, by result, blocking level and reason.", ["result", "level", "reason"]
@@ -56,8 +65,39 @@ _ALLOWED = DECISIONS.labels("allowed", "", "OK")
 _DEGRADED_ALLOWED = DECISIONS.labels("allowed", "", "STORE_UNAVAILABLE")
 
 
-def record(keys: Mapping[str, str], decision: Decision, cost: float = 1) -> None:
-    """Count a decision in the metrics and the statistics (`cost`: what it asked to take)."""
+def record(keys: Mapping[str, str], decision: Decision, cost: float = 1, priority: str | None = None) -> None:
+    """Count a decision in the metrics and the statistics, and record it for the what-if
+    (`cost`: what it asked to take; `priority`: its priority class, None for none)."""
+    _count(keys, decision, cost)
+    recorder = decision_recorder()
+    if recorder is not None:
+        recorder.decision(keys, cost, priority, decision)
+
+
+def record_reservation(
+    keys: Mapping[str, str],
+    decision: Decision,
+    cost: float,
+    priority: str | None,
+    hold: float | None,
+    reservation_id: str | None,
+) -> None:
+    """`record` for a reservation asked for with an estimated `cost` and `hold`;
+    `reservation_id` is None when nothing was reserved."""
+    _count(keys, decision, cost)
+    recorder = decision_recorder()
+    if recorder is not None:
+        recorder.reservation(keys, cost, priority, hold, decision, reservation_id)
+
+
+def record_release(keys: Mapping[str, str], lease: str) -> None:
+    """A concurrency lease handed back before it ran out (the what-if hands it back too)."""
+    recorder = decision_recorder()
+    if recorder is not None:
+        recorder.release(keys, lease)
+
+
+def _count(keys: Mapping[str, str], decision: Decision, cost: float) -> None:
     if decision.allowed:
         (_DEGRADED_ALLOWED if decision.degraded else _ALLOWED).inc()
     else:
@@ -70,15 +110,16 @@ def record(keys: Mapping[str, str], decision: Decision, cost: float = 1) -> None
     denial_stats().record(keys, decision, cost)
 
 
-def record_many(decided: Iterable[tuple[Mapping[str, str], Decision, float]]) -> None:
-    """`record` for each `(keys, decision, cost)` of a batch, with one increment per counter and
-    label set: in multiprocess mode each `inc()` takes a lock and writes the mmap'd file, which
-    was 1.5 us a decision, most of a batch's bookkeeping."""
+def record_many(decided: Iterable[tuple[Mapping[str, str], Decision, float, str | None]]) -> None:
+    """`record` for each `(keys, decision, cost, priority)` of a batch, with one increment per
+    counter and label set: in multiprocess mode each `inc()` takes a lock and writes the mmap'd
+    file, which was 1.5 us a decision, most of a batch's bookkeeping."""
     stats = denial_stats()
+    recorder = decision_recorder()
     allowed = degraded_allowed = degraded = 0
     denied: dict[tuple[str, str], int] = {}
     shadows: dict[str, int] = {}
-    for keys, decision, cost in decided:
+    for keys, decision, cost, priority in decided:
         if decision.allowed:
             if decision.degraded:
                 degraded_allowed += 1
@@ -92,6 +133,8 @@ def record_many(decided: Iterable[tuple[Mapping[str, str], Decision, float]]) ->
         for name in decision.shadow_blocked:
             shadows[name] = shadows.get(name, 0) + 1
         stats.record(keys, decision, cost)
+        if recorder is not None:
+            recorder.decision(keys, cost, priority, decision)
     for counter, count in ((_ALLOWED, allowed), (_DEGRADED_ALLOWED, degraded_allowed), (STORE_ERRORS, degraded)):
         if count:
             counter.inc(count)
@@ -117,10 +160,13 @@ def reservation_opened(reservation_id: str, hold: float) -> None:
     denial_stats().reservation_opened(reservation_id, hold)
 
 
-def reservation_settled(reservation_id: str, event: str) -> None:
-    """`event`: committed or cancelled."""
+def reservation_settled(reservation_id: str, event: str, actual_cost: float | None = None) -> None:
+    """`event`: committed (with `actual_cost`) or cancelled."""
     RESERVATIONS.labels(event).inc()
     denial_stats().reservation_settled(reservation_id)
+    recorder = decision_recorder()
+    if recorder is not None:
+        recorder.settlement(reservation_id, actual_cost if event == "committed" else None)
 
 
 def _blocking_level(decision: Decision) -> str:
@@ -166,6 +212,43 @@ def _default_denial_stats():
         usage_hours=settings.LIMITER_USAGE_HOUR_DAYS * 86400,
         tier_of=tier_of,
         on_expired=count_expired,
+    )
+
+
+_UNSET = object()
+_recorder: Any = _UNSET  # the process's recorder once known (None: recording is off)
+
+
+def decision_recorder() -> DecisionRecorder | None:
+    """The process's decision record (core.recorder), on the statistics' Redis when there is
+    one; None when LIMITER_RECORD_LIMIT is 0 (recording off: nothing is kept, nothing costs)."""
+    global _recorder
+    if _recorder is _UNSET:
+        _recorder = _default_recorder()
+    return _recorder
+
+
+def install_decision_recorder(recorder: DecisionRecorder | None) -> None:
+    """Make `recorder` the process's decision record (None: recording off); for tests.
+    `reset_decision_recorder()` goes back to what the settings say."""
+    global _recorder
+    _recorder = recorder
+
+
+def reset_decision_recorder() -> None:
+    global _recorder
+    _recorder = _UNSET
+
+
+def _default_recorder() -> DecisionRecorder | None:
+    from django.conf import settings
+
+    from ..stores import statistics_client
+
+    if not settings.LIMITER_RECORD_LIMIT:
+        return None
+    return DecisionRecorder(
+        client=statistics_client(), limit=settings.LIMITER_RECORD_LIMIT, prefix=settings.LIMITER_KEY_PREFIX
     )
 
 

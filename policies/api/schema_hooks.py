@@ -2,16 +2,17 @@
 
 Some fields can only hold names the database has configured: a decision's `keys` and a rule
 set are keyed by level name, a priority class lists levels, a tenant and the default tier
-name a tier, a decision may name a priority class, the buckets' `level` is a level. Such a
-field carries a marker (`names_of("level")`, `keyed_by_level(...)`), and `live_policy_names`
+name a tier, a decision may name a priority class, the buckets' `level` is a level, a what-if
+draft is keyed by tier, tenant and priority class. Such a field carries a marker
+(`names_of("level")`, `keyed_by_level(...)`, `keyed_by("tier", ...)`), and `live_policy_names`
 turns each marker into the names configured when the schema is asked for: the schema is
 generated per request, so schema-valid data is valid data, and the schema changes as soon as
 the policy does.
 
 The names are policy settings, told only to callers that may use them: levels and priority
-classes to any caller that may decide, tiers to operators. An anonymous caller, and a schema
-written offline (`manage.py spectacular`, which has no request), get the static shape, where
-a name is any non-empty string.
+classes to any caller that may decide, tiers and tenants (up to MOST_TENANTS_NAMED) to
+operators. An anonymous caller, and a schema written offline (`manage.py spectacular`, which
+has no request), get the static shape, where a name is any non-empty string.
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ import copy
 from collections.abc import Iterator
 from typing import Any
 
-from policies.models import Level, PriorityClass, Tier
+from policies.models import Level, PriorityClass, Tenant, Tier
 
 from .auth import CanDecide, IsOperator
 
 NAMES = "x-policy-names"  # on a string: one of the configured names of a kind
 KEYED = "x-keyed-by-level"  # on an object: its keys are configured level names
 NOT_EMPTY = "x-some-level-not-empty"  # on such an object: some level holds a non-empty list
+KEYED_BY = "x-keyed-by"  # on an object: its keys are configured names of a kind ("tier", "tenant", ...)
+# Past this many tenants the live schema leaves a tenant-keyed object's keys free (any team key).
+MOST_TENANTS_NAMED = 1000
 METHODS = ("get", "put", "patch", "post", "delete", "head", "options", "trace")
 REF_PREFIX = "#/components/schemas/"
 
@@ -34,6 +38,11 @@ REF_PREFIX = "#/components/schemas/"
 def names_of(kind: str) -> dict:
     """The schema of a string that must be a configured name: "level", "tier" or "priority"."""
     return {"type": "string", "minLength": 1, NAMES: kind}
+
+
+def keyed_by(kind: str, value: dict, **more: Any) -> dict:
+    """The schema of an object whose keys are configured names of `kind`, each holding `value`."""
+    return {"type": "object", "additionalProperties": value, KEYED_BY: kind, **more}
 
 
 def keyed_by_level(value: dict, not_empty: bool = False, **more: Any) -> dict:
@@ -83,6 +92,9 @@ def configured_names(request) -> dict[str, list[str]]:
     }
     if IsOperator().has_permission(request, None):
         names["tier"] = list(Tier.objects.values_list("name", flat=True))
+        tenants = list(Tenant.objects.order_by("key").values_list("key", flat=True)[: MOST_TENANTS_NAMED + 1])
+        if len(tenants) <= MOST_TENANTS_NAMED:
+            names["tenant"] = tenants
     return names
 
 
@@ -149,6 +161,11 @@ def _fill(node: Any, names: dict[str, list[str]]) -> None:
     kind = node.pop(NAMES, None)
     if kind in names:
         _enumerate(node, names[kind])
+    keyed_by_kind = node.pop(KEYED_BY, None)
+    if keyed_by_kind in names:
+        value = node["additionalProperties"]
+        node["properties"] = {name: copy.deepcopy(value) for name in names[keyed_by_kind]}
+        node["additionalProperties"] = False
     not_empty = node.pop(NOT_EMPTY, False)
     if node.pop(KEYED, False) and "level" in names:
         levels = names["level"]

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from . import crud, decisions, inspection
+from . import crud, decisions, inspection, whatif
 
 urlpatterns = [
     path("decisions", decisions.DecisionView.as_view(), name="api-decisions"),
@@ -12,6 +12,7 @@ urlpatterns = [
     path("reservations/<str:reservation_id>/cancel", decisions.CancelView.as_view(), name="api-reservation-cancel"),
     path("buckets", inspection.BucketsView.as_view(), name="api-buckets"),
     path("stats/blocked", inspection.BlockedStatsView.as_view(), name="api-stats-blocked"),
+    path("whatif", whatif.WhatIfView.as_view(), name="api-whatif"),
     path("tiers", crud.TierList.as_view(), name="api-tiers"),
     path("tiers/<str:name>", crud.TierItem.as_view(), name="api-tier"),
     # Team keys are the gateway's strings, so a tenant's may hold a slash.

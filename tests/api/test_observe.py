@@ -49,7 +49,7 @@ def left_behind(bookkeeping, clock) -> tuple[dict, dict]:
 
 def test_a_batchs_bookkeeping_adds_up_to_one_record_per_decision(clock):
     one_by_one = left_behind(lambda: [record(keys, decision, cost) for keys, decision, cost in DECIDED], clock)
-    at_once = left_behind(lambda: record_many(iter(DECIDED)), clock)
+    at_once = left_behind(lambda: record_many((keys, decision, cost, None) for keys, decision, cost in DECIDED), clock)
     assert at_once == one_by_one
     added = one_by_one[0]
     assert added[("limiter_decisions_total", (("level", ""), ("reason", "OK"), ("result", "allowed")))] == 2

@@ -48,25 +48,34 @@ def test_reset_refills_every_bucket_of_the_key_and_writes_an_audit_entry(api, de
     assert entry.user == operator and entry.action_flag == CHANGE
     assert entry.content_type == ContentType.objects.get_for_model(Tenant)
     assert entry.object_id == str(Tenant.objects.get(key="acme").pk)
-    assert entry.object_repr == "buckets of team: acme"
-    assert entry.get_change_message() == "Reset the buckets of team: acme from the dashboard."
+    assert entry.object_repr == "acme"
+    assert entry.get_change_message() == "reset the buckets of acme"
     html = console.get(response["Location"]).content.decode()
-    assert "The buckets of team: acme were reset: they start full." in html
+    assert "The buckets of acme were reset: they start full." in html
 
 
-def test_reset_of_a_user_key_uses_its_teams_tier_and_is_logged_with_no_object(api, decide_client, console):
+def test_reset_of_a_user_key_uses_its_teams_tier_and_is_logged_on_its_teams_tenant(api, decide_client, console):
     decide(decide_client, {"user": "u1", "team": "acme"}, cost=30)
     console.post(RESET, {"level": "user", "key": "u1", "team": "acme"})
     assert tokens(api, "user", "u1", "acme") == [600, 50]
     entry = LogEntry.objects.get()
+    assert entry.content_type == ContentType.objects.get_for_model(Tenant)
+    assert entry.object_id == str(Tenant.objects.get(key="acme").pk)
+    assert (entry.object_repr, entry.change_message) == ("acme / u1", "reset the buckets of acme / u1")
+
+
+def test_reset_of_a_key_whose_team_is_no_tenant_is_logged_with_no_object(api, decide_client, console):
+    console.post(RESET, {"level": "user", "key": "u1", "team": "nobody"})
+    entry = LogEntry.objects.get()
     assert entry.content_type is None and entry.object_id is None
-    assert entry.object_repr == "buckets of user: u1 (team acme)"
+    assert entry.change_message == "reset the buckets of nobody / u1"
 
 
-def test_the_admin_index_lists_the_reset_among_my_actions(api, console):
-    console.post(RESET, {"level": "team", "key": "acme"})
+def test_the_admin_index_lists_the_reset_among_my_actions_as_a_sentence_linking_the_tenant(api, console):
+    console.post(RESET, {"level": "user", "key": "alice", "team": "acme"})
     html = console.get("/admin/").content.decode()
-    assert "buckets of team: acme" in html
+    assert 'Reset the buckets of <a href="/admin/dashboard/tenants/acme/">acme / alice</a>' in html
+    assert "Unknown content" not in html
 
 
 def test_reset_refuses_a_post_without_the_csrf_token(api, decide_client, operator):

@@ -9,7 +9,7 @@ import re
 import pytest
 from django.contrib.admin.models import LogEntry
 
-from policies.models import Rule, Tenant
+from policies.models import Rule, Tenant, replace_rules
 from tests.dashboard.conftest import DASHBOARD, decide, page, text
 
 RAISE = DASHBOARD + "raise-limit/"
@@ -98,9 +98,43 @@ def test_a_team_key_with_traffic_but_no_tenant_row_has_a_page_and_an_unknown_one
     assert console.get(f"{DASHBOARD}tenants/never-seen/").status_code == 404
 
 
-def test_its_recent_changes_link_to_the_tenants_history(api, console):
+def test_it_links_to_the_tenants_whole_history(api, console):
     acme = Tenant.objects.get(key="acme")
     assert f'href="/admin/policies/tenant/{acme.pk}/history/"' in tenant_page(console, "acme")
+
+
+def recent_changes(html):
+    found = re.search(r'<ul class="recent-changes" id="recent-changes">(.*?)</ul>', html, re.S)
+    return [text(item) for item in re.findall(r"<li[^>]*>(.*?)</li>", found.group(1), re.S)] if found else []
+
+
+def test_its_recent_changes_show_its_own_and_its_overrides_as_diffs(api, console):
+    bigco = Tenant.objects.get(key="bigco")
+    bigco.tier = bigco.tier.__class__.objects.get(name="free")
+    bigco.save()
+    replace_rules(bigco, {"team": [{"type": "token_bucket", "capacity": 900, "per_second": 10}]})
+
+    html = tenant_page(console, "bigco")
+    assert html.count('id="recent-changes"') == 1
+    changes = recent_changes(html)
+    assert changes[0].startswith("Changed tenant bigco: tier pro → free; team: token_bucket capacity 600 → 900 ")
+    assert changes[-1].startswith("Created tenant bigco: team: added token_bucket(600, 10/s) ")
+    latest = bigco.history.order_by("-history_date").first()
+    assert f'href="/admin/policies/tenant/{bigco.pk}/history/{latest.history_id}/"' in tenant_page(console, "bigco")
+
+
+def test_a_quick_raise_shows_among_its_recent_changes_with_its_override(api, console, operator):
+    console.post(RAISE, raise_form(console, "acme", "team", PRO_TEAM))
+    [raised, created] = recent_changes(tenant_page(console, "acme"))
+    assert raised.startswith("Changed tenant acme: overrides until none → ")
+    assert "; team: added token_bucket(2000, 200/s) " in raised and raised.endswith(", by operator")
+    assert created.startswith("Created tenant acme ")
+
+
+def test_a_team_key_with_no_tenant_row_has_no_changes_to_show(api, decide_client, console):
+    decide(decide_client, {"team": "walk-in"})
+    html = tenant_page(console, "walk-in")
+    assert recent_changes(html) == [] and "nothing was changed for this team key" in text(html)
 
 
 # --- the quick raise ----------------------------------------------------------------------
@@ -114,7 +148,10 @@ def test_a_quick_raise_writes_an_expiring_override_that_the_next_decision_uses(a
     assert acme.overrides_until == dt.datetime.fromtimestamp(clock(), dt.UTC) + dt.timedelta(hours=4)
     [rule] = Rule.objects.filter(tenant=acme)
     assert (rule.level.name, rule.type, rule.params) == ("team", "token_bucket", {"capacity": 2000, "per_second": 200})
-    assert LogEntry.objects.get().get_change_message().startswith("Raised team: token_bucket(1000, 100/s) x2 for 4 h")
+    assert LogEntry.objects.get().get_change_message() == (
+        "raised team: token_bucket(1000, 100/s) x2 for 4 h for acme "
+        "(an expiring override, now token_bucket(2000, 200/s))"
+    )
     clock.advance(1)  # workers notice a policy change within half a second
     assert decide(decide_client, {"team": "acme"}, cost=1500)["allowed"]
     html = console.get(response["Location"]).content.decode()

@@ -3,12 +3,14 @@ in-memory store, policy caches ("workers") on both, and a loader that runs the c
 
 import copy
 import datetime as dt
+import itertools
 
 import pytest
 
-from core import ManualClock, MemoryStore
+from core import RULES, ManualClock, MemoryStore
 from policies.compile import PolicyCache
 from policies.policyfile import load_policy
+from tests.core.helpers import register_lifetime_quota
 
 # 2026-06-01T00:00:00Z: the tests' wall clock starts here.
 START = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
@@ -86,3 +88,16 @@ def load(commits):
 def worker(store, clock):
     """Make a policy cache, as one worker process would have, on the shared store."""
     return lambda: PolicyCache(store=store, clock=clock, limiter_clock=clock)
+
+
+_plugins = itertools.count()
+
+
+@pytest.fixture
+def plugin_rule():
+    """The name of a plug-in rule type registered for this test only: a lifetime quota (one
+    parameter, `total`), declared outside the engine."""
+    name = f"lifetime_quota_{next(_plugins)}"
+    register_lifetime_quota(name)
+    yield name
+    RULES.pop(name, None)

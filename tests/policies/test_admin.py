@@ -8,6 +8,7 @@ from django.contrib import admin
 from django.contrib.auth import get_user_model
 
 from policies.models import Level, PolicySettings, PolicyVersion, PriorityClass, Rule, Tenant, Tier
+from policies.rule_form import field_name, is_typed
 
 pytestmark = pytest.mark.django_db
 
@@ -22,6 +23,14 @@ def operator(client):
 @pytest.fixture
 def loaded(load, policy):
     load(policy)
+
+
+def params_data(rule_type, params, prefix=""):
+    """A rule's parameters as its form posts them: a field per parameter of a typed rule type
+    (`token_bucket__capacity`), JSON for a plug-in's."""
+    if is_typed(rule_type):
+        return {prefix + field_name(rule_type, name): value for name, value in params.items()}
+    return {prefix + "params": json.dumps(params)}
 
 
 def tier_form(tier, version=None, rules=None, **changes):
@@ -41,7 +50,7 @@ def tier_form(tier, version=None, rules=None, **changes):
             f"rules-{i}-tier": tier.pk,
             f"rules-{i}-level": rule.level_id,
             f"rules-{i}-type": rule.type,
-            f"rules-{i}-params": json.dumps(rule.params),
+            **params_data(rule.type, rule.params, f"rules-{i}-"),
             f"rules-{i}-label": rule.label,
             f"rules-{i}-counts": rule.counts,
             f"rules-{i}-position": rule.position,
@@ -313,7 +322,7 @@ def test_a_rule_saved_on_its_own_page_makes_an_open_tier_page_stale(client, oper
             "tenant": "",
             "level": rule.level_id,
             "type": rule.type,
-            "params": json.dumps({**rule.params, "limit": 700}),
+            **params_data(rule.type, {**rule.params, "limit": 700}),
             "label": rule.label,
             "counts": rule.counts,
             "position": rule.position,
@@ -337,7 +346,7 @@ def test_a_global_rule_that_repeats_a_tiers_rule_is_refused_on_the_rule_page(cli
             "tenant": "",
             "level": pro_team.level_id,
             "type": pro_team.type,
-            "params": json.dumps(pro_team.params),
+            **params_data(pro_team.type, pro_team.params),
             "label": "",
             "counts": "cost",
             "position": 0,
@@ -350,13 +359,15 @@ def test_a_global_rule_that_repeats_a_tiers_rule_is_refused_on_the_rule_page(cli
     assert not Rule.objects.filter(tier=None, tenant=None, level=pro_team.level_id).exists()
 
 
-def test_params_that_are_not_a_mapping_are_a_form_error_on_the_rule_page_not_a_500(client, operator, loaded):
+def test_params_that_are_not_a_mapping_are_a_form_error_on_the_rule_page_not_a_500(
+    client, operator, loaded, plugin_rule
+):
     rule = Tier.objects.get(name="free").rules.first()
     data = {
         "tier": rule.tier_id,
         "tenant": "",
         "level": rule.level_id,
-        "type": rule.type,
+        "type": plugin_rule,  # a plug-in's parameters are JSON
         "params": json.dumps([1, 2]),
         "label": "",
         "counts": "cost",

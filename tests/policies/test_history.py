@@ -1,11 +1,12 @@
 """The admin's history pages: each tier's and tenant's record keeps the rules it had, and
 "Revert" puts a row back as it was (a tier's or tenant's rules too, a priority class's
-levels), in one transaction, or refuses with a message; never a 500, never half a revert."""
+levels), in one transaction, or refuses with a message; never a 500, never half a revert. The
+list of versions shows what each changed, a tier's or tenant's rules field by field."""
 
 from __future__ import annotations
 
 import html
-import json
+import re
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -15,7 +16,7 @@ from django.test import Client
 from policies.models import Level, PriorityClass, Rule, Tenant, Tier, rule_specs
 from tests.api.conftest import make_token, memory_engine, token_client  # noqa: F401  (fixtures)
 
-from .test_admin import tier_form
+from .test_admin import params_data, tier_form
 
 pytestmark = pytest.mark.django_db
 
@@ -129,13 +130,87 @@ def client_post_rule(admin: Client, rule: Rule, **changes):
         "tenant": rule.tenant_id or "",
         "level": rule.level_id,
         "type": rule.type,
-        "params": json.dumps(changes.get("params", rule.params)),
+        **params_data(rule.type, changes.get("params", rule.params)),
         "label": rule.label,
         "counts": rule.counts,
         "position": rule.position,
     }
     response = admin.post(f"/admin/policies/rule/{rule.pk}/change/", data)
     assert response.status_code == 302, text(response)
+
+
+# --- the history pages: every version's changes, rules included ------------------------------------
+
+
+def changes_column(page: str) -> list[str]:
+    """The Changes cell of each version on a history list page, newest first, as text."""
+    table = page[page.index('id="change-history"') :]
+    rows = table[table.index("<tbody>") : table.index("</tbody>")].split("<tr>")[1:]
+    cells = [row.rsplit("<td>", 1)[1] for row in rows]
+    return [
+        " | ".join(
+            re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", item)).strip()
+            for item in re.findall(r"<li[^>]*>(.*?)</li>", cell, re.S)
+        )
+        for cell in cells
+    ]
+
+
+def test_a_tiers_history_page_shows_its_rules_changes_field_by_field(admin):
+    tier = pro()
+    rules = list(tier.rules.all())
+    rules[1].params = {"capacity": 60, "per_second": 10}  # user: token_bucket BURST_LIMIT
+    assert admin.post(f"/admin/policies/tier/{tier.pk}/change/", tier_form(tier, rules=rules)).status_code == 302
+
+    page = text(admin.get(f"/admin/policies/tier/{tier.pk}/history/"))
+    changed, created = changes_column(page)
+    assert changed == "user: token_bucket capacity 50 → 60"
+    assert created.startswith("user: added sliding_window(600/60s) [RPM_LIMIT] | user: added token_bucket(50, 10/s)")
+    assert "version" not in changed  # the lock's counter moves with every save: no change of the operator's
+
+
+def test_a_tiers_history_shows_rules_added_and_removed_and_its_own_fields(admin, api):
+    pk = pro().pk
+    api.put("/api/v1/tiers/pro", {"name": "professional", "rules": NEW_RULES, "version": 1}, format="json")
+    page = text(admin.get(f"/admin/policies/tier/{pk}/history/"))
+    assert changes_column(page)[0] == (
+        "name pro → professional | user: token_bucket capacity 50 → 7 | user: token_bucket per_second 10 → 7 | "
+        "user: token_bucket label BURST_LIMIT → none | user: removed sliding_window(600/60s) [RPM_LIMIT] | "
+        "team: removed token_bucket(1000, 100/s)"
+    )
+
+
+def test_a_tenants_history_page_shows_its_tier_and_its_overrides_changes(admin, api):
+    bigco = Tenant.objects.get(key="bigco")
+    api.patch(
+        "/api/v1/tenants/bigco",
+        {"tier": "free", "overrides": {"team": [{"type": "token_bucket", "capacity": 900, "per_second": 10}]},
+         "version": 1},
+        format="json",
+    )  # fmt: skip
+    page = text(admin.get(f"/admin/policies/tenant/{bigco.pk}/history/"))
+    assert changes_column(page)[0] == "tier pro → free | team: token_bucket capacity 600 → 900"
+    assert "token:ops-script" in page  # who: the service token, as the change reason
+
+
+def test_a_rule_edited_on_its_own_page_shows_in_its_tiers_history(admin):
+    rule = pro().rules.get(level__name="team")
+    client_post_rule(admin, rule, params={"capacity": 1500, "per_second": 100})
+    page = text(admin.get(f"/admin/policies/tier/{pro().pk}/history/"))
+    assert changes_column(page)[0] == "team: token_bucket capacity 1000 → 1500"
+    page = text(admin.get(f"/admin/policies/rule/{rule.pk}/history/"))
+    assert changes_column(page)[0] == "capacity 1000 → 1500"
+
+
+def test_the_last_version_on_a_history_page_is_diffed_against_the_one_before_it(admin, monkeypatch):
+    from policies.admin import TierAdmin
+
+    monkeypatch.setattr(TierAdmin, "history_list_per_page", 1)
+    tier = pro()
+    tier.name = "pro2"
+    tier.save()
+    page = text(admin.get(f"/admin/policies/tier/{tier.pk}/history/"))
+    assert changes_column(page) == ["name pro → pro2"]
 
 
 # --- reverting ----------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import html
 import io
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,7 +21,7 @@ from policies.invariants import PolicyConflict, PolicyViolation, check_deletable
 from policies.models import Level, PriorityClass, Rule, Tier
 from tests.api.conftest import make_token, memory_engine, token_client  # noqa: F401  (fixtures)
 
-from .test_admin import level_form, priority_form
+from .test_admin import level_form, params_data, priority_form
 from .test_policyfile import snapshot
 
 pytestmark = pytest.mark.django_db
@@ -59,7 +58,7 @@ def tier_page(admin: Client, tier: Tier, rules: list[Rule] | None = None, **chan
             f"rules-{i}-tier": tier.pk,
             f"rules-{i}-level": rule.level_id,
             f"rules-{i}-type": rule.type,
-            f"rules-{i}-params": json.dumps(rule.params),
+            **params_data(rule.type, rule.params, f"rules-{i}-"),
             f"rules-{i}-label": rule.label,
             f"rules-{i}-counts": rule.counts,
             f"rules-{i}-position": rule.position,
@@ -75,7 +74,7 @@ def rule_page(admin: Client, rule: Rule) -> str:
         "tenant": rule.tenant_id or "",
         "level": rule.level_id,
         "type": rule.type,
-        "params": json.dumps(rule.params),
+        **params_data(rule.type, rule.params),
         "label": rule.label,
         "counts": rule.counts,
         "position": rule.position,
@@ -393,7 +392,7 @@ def test_moving_a_tiers_only_rule_to_another_tier_on_its_page_is_refused(admin):
         "tenant": "",
         "level": rule.level_id,
         "type": "token_bucket",
-        "params": json.dumps({"capacity": 3, "per_second": 1}),
+        **params_data("token_bucket", {"capacity": 3, "per_second": 1}),
         "label": "",
         "counts": "cost",
         "position": 5,
@@ -411,7 +410,7 @@ def test_a_rule_page_checks_a_tiers_rule_with_its_own_tier_only(admin):
         "tenant": "",
         "level": pro_user.level_id,
         "type": "token_bucket",
-        "params": json.dumps({"capacity": 10, "per_second": 1}),
+        **params_data("token_bucket", {"capacity": 10, "per_second": 1}),
         "label": "",
         "counts": "cost",
         "position": pro_user.position,

@@ -148,7 +148,8 @@ def add_tier_form(database: Database) -> dict:
         "rules-MAX_NUM_FORMS": 1000,
         "rules-0-level": team,
         "rules-0-type": "token_bucket",
-        "rules-0-params": json.dumps({"capacity": 9, "per_second": 1}),
+        "rules-0-token_bucket__capacity": 9,
+        "rules-0-token_bucket__per_second": 1,
         "rules-0-label": "",
         "rules-0-counts": "cost",
         "rules-0-position": 0,
@@ -484,7 +485,10 @@ def test_a_database_that_hangs_delays_only_the_requests_that_ask_it(redis_url):
         f"{len(waited)} waited ({', '.join(f'{a.took:.2f} s' for a in waited)})"
     )
     assert [a for a in answers if a.status != 200 or not a.body["allowed"]] == []
-    assert len(during) >= 100 * (released - locked) * 0.9
+    # Traffic went on while the database hung. Not at the full 100/s: the requests that wait
+    # hold up to 3 of the load's 16 clients, and a busy machine slows the load itself (CI saw
+    # 268 of 300); a worker stalled by the lock would serve a few dozen.
+    assert len(during) >= 100 * (released - locked) * 0.75
     # One version check and one token check at a time, each waiting for the lock (a new one
     # may start as the first gives up): a handful of requests, not the worker's traffic.
     assert len(waited) <= 4, [round(a.took, 2) for a in waited]

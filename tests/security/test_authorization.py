@@ -79,6 +79,7 @@ BODIES = {
     ("POST", "/api/v1/priorities"): {"name": "bulk", "watermark": 0.5},
     ("PUT", "/api/v1/priorities/<str:name>"): {"name": "batch", "watermark": 0.3, "levels": ["global"], "version": 1},
     ("PATCH", "/api/v1/priorities/<str:name>"): {"watermark": 0.3, "version": 1},
+    ("POST", "/api/v1/whatif"): {"policy": {"tiers": {"pro": {"team": [BUCKET]}}}, "window": "1h"},
     ("PUT", "/api/v1/settings"): {"default_tier": "pro"},
     ("PATCH", "/api/v1/settings"): {"default_tier": "pro"},
     # The admin's forms: a real reset; the others post nothing and show their form again.

@@ -7,7 +7,8 @@ from django.db import DatabaseError
 
 from core import ConfigError
 from policies.models import Tier
-from policies.policyfile import load_policy, read_file
+from policies.policyfile import load_policy, read_file, refusal
+from policies.signals import acting_as
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
@@ -33,10 +34,10 @@ class Command(BaseCommand):
             if if_empty and Tier.objects.exists():
                 self.stdout.write("The policy store is not empty; left as it is.")
                 return
-            checked = load_policy(read_file(path))
+            with acting_as(f"loadpolicies {path.name}"):
+                checked = load_policy(read_file(path))
         except ConfigError as error:
-            where = f"{path}: {error.path}" if error.path else str(path)
-            raise CommandError(f"{where}: {error.reason}") from None
+            raise CommandError(refusal(path, error)) from None
         except DatabaseError as error:
             # One transaction: a load that fails part way leaves the store as it was.
             raise CommandError(f"the policy database is unreachable; nothing was loaded: {error}") from None

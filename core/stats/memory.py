@@ -21,7 +21,7 @@ class MemoryStatsStore:
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
-        self._data: dict[str, dict] = {}
+        self._data: dict[str, dict[str, Any]] = {}
         self._deadlines: dict[str, float] = {}
         self._expiries: list[tuple[float, str]] = []  # a heap; stale entries are skipped
         self._lock = threading.Lock()
@@ -29,7 +29,7 @@ class MemoryStatsStore:
     def pipeline(self, transaction: bool = True) -> MemoryPipeline:
         return MemoryPipeline(self)
 
-    def run(self, commands: list[tuple[str, tuple]]) -> list:
+    def run(self, commands: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
         """Run queued commands in order, at once for every other thread (as MULTI/EXEC)."""
         with self._lock:
             self._forget_expired()
@@ -59,9 +59,7 @@ class MemoryStatsStore:
     # --- commands (called locked, through run()) -----------------------------------------
 
     def _hincrby(self, name: str, field: str, n: int) -> int:
-        hash_ = self._data.setdefault(name, {})
-        hash_[field] = hash_.get(field, 0) + n
-        return hash_[field]
+        return self._add(name, field, n)
 
     def _hincrbyfloat(self, name: str, field: str, n: float) -> float:
         hash_ = self._data.setdefault(name, {})
@@ -86,13 +84,11 @@ class MemoryStatsStore:
         # A counter kept as a one-field hash: no other command reads it.
         return self._hincrby(name, "", 1)
 
-    def _hgetall(self, name: str) -> dict:
+    def _hgetall(self, name: str) -> dict[str, Any]:
         return dict(self._data.get(name, {}))
 
     def _zincrby(self, name: str, n: float, member: str) -> float:
-        zset = self._data.setdefault(name, {})
-        zset[member] = zset.get(member, 0) + n
-        return zset[member]
+        return self._add(name, member, n)
 
     def _zadd(self, name: str, mapping: Mapping[str, float]) -> int:
         zset = self._data.setdefault(name, {})
@@ -107,27 +103,22 @@ class MemoryStatsStore:
         return removed
 
     def _zremrangebyrank(self, name: str, start: int, end: int) -> int:
-        ranked = self._ranked(name)
-        doomed = ranked[start : (end + 1) or None] if end < 0 else ranked[start : end + 1]
+        doomed = self._by_rank(name, start, end)
         for member, _ in doomed:
             del self._data[name][member]
         self._drop_if_empty(name)
         return len(doomed)
 
-    def _zrange(self, name: str, start: int, end: int, withscores: bool = False) -> list:
-        ranked = self._ranked(name)
-        chosen = ranked[start : (end + 1) or None] if end < 0 else ranked[start : end + 1]
+    def _zrange(self, name: str, start: int, end: int, withscores: bool = False) -> list[Any]:
+        chosen = self._by_rank(name, start, end)
         return chosen if withscores else [member for member, _ in chosen]
 
-    def _zrangebyscore(self, name: str, low: float, high: float, start: int = 0, num: int = -1) -> list:
-        low, high = float(low), float(high)
-        within = [member for member, score in self._ranked(name) if low <= score <= high]
+    def _zrangebyscore(self, name: str, low: float, high: float, start: int = 0, num: int = -1) -> list[str]:
+        within = self._by_score(name, low, high)
         return within[start:] if num < 0 else within[start : start + num]
 
     def _zremrangebyscore(self, name: str, low: float, high: float) -> int:
-        low, high = float(low), float(high)
-        doomed = [member for member, score in self._ranked(name) if low <= score <= high]
-        return self._zrem(name, *doomed)
+        return self._zrem(name, *self._by_score(name, low, high))
 
     def _expire(self, name: str, seconds: float) -> bool:
         if name not in self._data:
@@ -136,6 +127,20 @@ class MemoryStatsStore:
         self._deadlines[name] = deadline
         heapq.heappush(self._expiries, (deadline, name))
         return True
+
+    def _add(self, name: str, field: str, n: float) -> Any:
+        """Add `n` to a hash's field or a sorted set's score (0 when absent)."""
+        values = self._data.setdefault(name, {})
+        values[field] = values.get(field, 0) + n
+        return values[field]
+
+    def _by_rank(self, name: str, start: int, end: int) -> list[tuple[str, float]]:
+        """Members from rank `start` to `end` inclusive; negative ranks count from the highest."""
+        return self._ranked(name)[start : (end + 1) or None]
+
+    def _by_score(self, name: str, low: float, high: float) -> list[str]:
+        low, high = float(low), float(high)
+        return [member for member, score in self._ranked(name) if low <= score <= high]
 
     def _ranked(self, name: str) -> list[tuple[str, float]]:
         """Members lowest score first, ties by member: Redis's rank order."""
@@ -152,7 +157,7 @@ class MemoryPipeline:
 
     def __init__(self, store: MemoryStatsStore) -> None:
         self._store = store
-        self._commands: list[tuple[str, tuple]] = []
+        self._commands: list[tuple[str, tuple[Any, ...]]] = []
 
     def __getattr__(self, name: str) -> Callable[..., MemoryPipeline]:
         if not hasattr(MemoryStatsStore, "_" + name):
@@ -164,12 +169,12 @@ class MemoryPipeline:
 
         return queue
 
-    def execute(self) -> list:
+    def execute(self) -> list[Any]:
         commands, self._commands = self._commands, []
         return self._store.run(commands)
 
 
-def _glob(pattern: str) -> re.Pattern:
+def _glob(pattern: str) -> re.Pattern[str]:
     """Redis's glob (`*`, `?`, `\\x` for a literal x) as a regular expression."""
     parts, chars = [], iter(pattern)
     for c in chars:

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('policies', '0005_rules_at_each_version'),
+        ('policies', '0006_policy_versions_logged'),
     ]
 
     operations = [
