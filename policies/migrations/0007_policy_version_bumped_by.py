@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('policies', '0006_policy_versions_logged'),
+        ("policies", "0006_policy_versions_logged"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='policyversion',
-            name='bumped_by',
-            field=models.CharField(default='', editable=False, max_length=32),
+            model_name="policyversion",
+            name="bumped_by",
+            field=models.CharField(default="", editable=False, max_length=32),
         ),
     ]
