@@ -102,8 +102,7 @@ def policy_changed(sender=None, using="default", signal=None, action="", **kwarg
     if pending_version(using) is not None:
         return
     token = secrets.token_hex(16)
-    bump_version(token)
-    setattr(_bumps, using, token)
+    setattr(_bumps, using, (token, bump_version(token)))
     # Once committed, the token must go, or this connection's next transaction would take the
     # committed bump for its own. (Only an on-commit hook registered before this one, not
     # robust, and raising, which the committing caller sees, could keep this one from running.)
@@ -111,7 +110,8 @@ def policy_changed(sender=None, using="default", signal=None, action="", **kwarg
 
 
 def _committed(using: str, token: str) -> None:
-    if getattr(_bumps, using, None) == token:
+    bump = getattr(_bumps, using, None)
+    if bump is not None and bump[0] == token:
         setattr(_bumps, using, None)
 
 
@@ -119,16 +119,25 @@ def pending_version(using: str = "default") -> int | None:
     """The version the open transaction's policy change bumped to; None when it bumped none,
     or its bump was rolled back (with the savepoint that made it, or the whole transaction):
     the row then carries another transaction's token, or none."""
-    token = getattr(_bumps, using, None)
-    if token is None:
+    bump = getattr(_bumps, using, None)
+    if bump is None:
         return None
-    return models.PolicyVersion.objects.filter(pk=1, bumped_by=token).values_list("number", flat=True).first()
+    return models.PolicyVersion.objects.filter(pk=1, bumped_by=bump[0]).values_list("number", flat=True).first()
 
 
 def tag_record(sender, history_instance, using=None, **kwargs) -> None:
     """pre_create_historical_record: a record made inside a transaction carries the version
-    that transaction's bump made (its first write bumped, before any row was written)."""
-    history_instance.policy_version = pending_version(using or "default")
+    that transaction's bump made (its first write bumped, before any row was written).
+
+    The write that makes a record has just checked, in its pre_save, that its transaction's
+    bump stands (or bumped): the number that bump made is read from memory, not the database
+    (one query less per row of a policy load)."""
+    using = using or "default"
+    bump = getattr(_bumps, using, None)
+    if bump is None or not transaction.get_connection(using).in_atomic_block:
+        history_instance.policy_version = None
+    else:
+        history_instance.policy_version = bump[1]
 
 
 def _tag_latest_record(sender, instance, number: int) -> None:
