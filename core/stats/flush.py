@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..base36 import base36
 from .counts import Key, MinuteCounts, TenantCounts, add_into, top_users
 from .layout import (
     DAY,
@@ -19,7 +20,6 @@ from .layout import (
     TIER,
     Bounds,
     StatsKeys,
-    base36,
     floor,
     members,
     queue_breakdown,

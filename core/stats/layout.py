@@ -113,16 +113,6 @@ def text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
-def base36(n: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    out = ""
-    while True:
-        n, rest = divmod(n, 36)
-        out = digits[rest] + out
-        if not n:
-            return out
-
-
 # --- users: [user, team] as JSON ---------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
+from ..base36 import base36
 from ..reservations import OPEN
 from ..rules import Rule
 
@@ -83,14 +84,4 @@ def decode_record(raw: dict) -> dict:
 
 def rule_tag(rule: Rule) -> str:
     """A few characters that tell a key's rule from the other rules of its level and key."""
-    return _base36(zlib.crc32(rule.rule_id.encode()))
-
-
-def _base36(number: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    out = ""
-    while True:
-        number, digit = divmod(number, 36)
-        out = digits[digit] + out
-        if not number:
-            return out
+    return base36(zlib.crc32(rule.rule_id.encode()))
