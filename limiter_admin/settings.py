@@ -158,6 +158,11 @@ LIMITER_USAGE_HOUR_DAYS = float(env_str("LIMITER_USAGE_HOUR_DAYS") or "30")
 # The most recent decision requests kept for the what-if replay (0: none recorded, at no cost);
 # in the statistics' Redis when REDIS_URL is set, else in the process. docs/OPERATIONS.md.
 LIMITER_RECORD_LIMIT = int(env_str("LIMITER_RECORD_LIMIT") or "200000")
+# Envoy's rate limit service (manage.py serve_rls, POST /api/v1/rls/json; docs/GATEWAYS.md):
+# the domain Envoy's ratelimit filter must send, and whether a call must carry a decide-scope
+# service token (gRPC metadata `authorization: Bearer ...`).
+LIMITER_RLS_DOMAIN = env_str("LIMITER_RLS_DOMAIN") or "limiter"
+LIMITER_RLS_REQUIRE_TOKEN = env_bool("LIMITER_RLS_REQUIRE_TOKEN", False)
 CACHES = _caches(REDIS_URL, LIMITER_STORE_TIMEOUT, LIMITER_BATCH_TIMEOUT)
 # Each alias its own pool, with its own timeouts (django-redis would share one per URL).
 DJANGO_REDIS_CONNECTION_FACTORY = "limiter_admin.redis_pools.PoolPerSettingsFactory"
