@@ -5,7 +5,10 @@ ratelimit filter asking the real service's gRPC endpoint (gunicorn with RLS_BIND
 import copy
 import json
 
+import grpc
 import pytest
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
 from tests.envoy.gateway import Envoy, Upstream
 from tests.policies.conftest import POLICY
@@ -23,9 +26,20 @@ def policy() -> dict:
 
 
 def start_limiter() -> tuple[Service, int]:
+    """The service as `make run` serves it, with one gRPC call made: the worker's first call
+    reads the policy and the token from the database, which on a busy machine may take longer
+    than the 0.5 s Envoy waits (it would then let the request through, unlimited)."""
     rls = free_port()
     service = Service(policy(), extra_env={"RLS_BIND": f"127.0.0.1:{rls}", "LIMITER_RLS_REQUIRE_TOKEN": "1"})
-    return service.start(), rls
+    service.start()
+    entry = ratelimit_pb2.RateLimitDescriptor.Entry(key="team", value="warm-up")
+    warm_up = rls_pb2.RateLimitRequest(
+        domain="limiter", descriptors=[ratelimit_pb2.RateLimitDescriptor(entries=[entry])]
+    )
+    with grpc.insecure_channel(f"127.0.0.1:{rls}") as channel:
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        stub.ShouldRateLimit(warm_up, metadata=(("authorization", f"Bearer {service.token}"),), timeout=30)
+    return service, rls
 
 
 @pytest.fixture(scope="module")
