@@ -219,6 +219,8 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # The gateways' endpoints are plain Django views, described by DRF views of their own.
+    "PREPROCESSING_HOOKS": ["policies.api.gateway.gateway_endpoints"],
     # The schema tells the truth about requests: unknown fields are refused, and names that
     # only the database knows (levels, tiers, priority classes) are listed as configured now.
     "POSTPROCESSING_HOOKS": [

@@ -11,34 +11,23 @@ Python's json, which reads NaN and Infinity: both are refused here as costs.
 
 from __future__ import annotations
 
-import io
 import math
 from typing import Any, NamedTuple
 
 from core.params import LARGEST_NUMBER
 
 from .errors import invalid
-from .parsers import FastJSONParser
+from .parsers import loads
 
 MAX_KEY_LENGTH = 256
 MAX_HOLD = 86_400.0
 
 
-_PARSER = FastJSONParser()
-
-
 def read_json(request) -> Any:
-    """A JSON body, read as DRF's `request.data` reads it (Request._load_stream and _parse)
-    for the lean path: {} when Content-Length is missing or 0; else FastJSONParser's reading
-    of the stream (ParseError when it is not JSON)."""
-    meta = request.META
-    try:
-        length = int(meta.get("CONTENT_LENGTH", meta.get("HTTP_CONTENT_LENGTH", 0)))
-    except (ValueError, TypeError):
-        length = 0
-    if length == 0:
-        return {}
-    return _PARSER.parse(request if not request._read_started else io.BytesIO(request.body))
+    """A Django request's JSON body, as DRF's `request.data` reads it: {} when there is
+    none; else the parsers' reading of it (ParseError when it is not JSON)."""
+    raw = request.body
+    return loads(raw) if raw else {}
 
 
 class DecisionRequest(NamedTuple):
