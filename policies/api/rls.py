@@ -1,5 +1,6 @@
 """Envoy's rate limit protocol (envoy.service.ratelimit.v3) mapped onto our levels, once for
-the gRPC service (policies/rls_service.py) and POST /api/v1/rls/json.
+the gRPC service (policies/rls_service.py) and POST /api/v1/rls/json (`RlsJsonView`, the
+JSON contract of envoyproxy/ratelimit: protojson in and out, 200 under the limit, 429 over).
 
 A RateLimitRequest is one decision:
 
@@ -30,6 +31,7 @@ from typing import Any, NamedTuple
 from django.conf import settings
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ratelimit.v3 import rls_pb2
+from google.protobuf import json_format
 
 from core import Decision, HierarchicalLimiter
 from core.params import LARGEST_NUMBER
@@ -37,6 +39,7 @@ from policies.compile import TENANT_LEVEL, policy_cache
 
 from .answers import binding_quota, decision_headers
 from .errors import invalid
+from .gateway import Answer, Call, GatewayView
 from .observe import observe_seconds, record
 from .requests import MAX_KEY_LENGTH, parse_priority
 
@@ -127,24 +130,26 @@ def _check_key(value: str, field: str) -> None:
         raise invalid(field, f"must be at most {MAX_KEY_LENGTH} characters")
 
 
-class Answer(NamedTuple):
+class RlsAnswer(NamedTuple):
     """What the transports send: the response, and the decision it reports (for their status)."""
 
     response: Any  # rls_pb2.RateLimitResponse
     decision: Decision
 
 
-def should_rate_limit(request: Any, endpoint: str = "rls") -> Answer:
-    """Decide a RateLimitRequest (see the module), record it, and build the response."""
+def should_rate_limit(request: Any, endpoint: str | None = "rls") -> RlsAnswer:
+    """Decide a RateLimitRequest (see the module), record it, and build the response; its
+    time goes to limiter_decision_seconds{endpoint} (None: the caller times it)."""
     start = perf_counter()
     try:
         cache = policy_cache()
         asked = parse_request(request, cache.current())
         limiter = cache.limiter_for(asked.keys.get(TENANT_LEVEL))
         decision, decided = _decide(limiter, asked)
-        return Answer(_response(limiter, asked, decided, decision), decision)
+        return RlsAnswer(_response(limiter, asked, decided, decision), decision)
     finally:
-        observe_seconds(endpoint, perf_counter() - start)
+        if endpoint is not None:
+            observe_seconds(endpoint, perf_counter() - start)
 
 
 def _decide(limiter: HierarchicalLimiter, asked: Asked) -> tuple[Decision, dict[str, str]]:
@@ -211,3 +216,26 @@ def current_limit(item: str, quota: float, window: float | None) -> Any:
 def _limit(item: str, per_unit: float, unit: int) -> Any:
     whole = round(per_unit)
     return Response.RateLimit(name=item, requests_per_unit=whole, unit=unit) if 1 <= whole <= UINT32_MAX else None
+
+
+class RlsJsonView(GatewayView):
+    """POST /api/v1/rls/json: envoyproxy/ratelimit's HTTP contract on the gateways' path."""
+
+    endpoint = "rls_json"
+    # Not in the OpenAPI schema: what makes a request one decision (one key per level across
+    # descriptors, one cost, a level in each) is more than a JSON schema can state, so data
+    # that fits any schema we could write would not all be accepted. docs/GATEWAYS.md has it.
+    schema = None
+
+    def answer(self, call: Call, **kwargs: Any) -> Answer:
+        data = call.data
+        if not isinstance(data, dict):
+            raise invalid("body", "must be a JSON object: a RateLimitRequest")
+        request = rls_pb2.RateLimitRequest()
+        try:
+            json_format.ParseDict(data, request)
+        except json_format.ParseError as error:
+            raise invalid("body", f"not a RateLimitRequest: {error}") from None
+        answer = should_rate_limit(request, endpoint=None)  # the gateway path times the request
+        headers = {h.key: h.value for h in answer.response.response_headers_to_add}
+        return Answer(json_format.MessageToDict(answer.response), headers, 200 if answer.decision.allowed else 429)

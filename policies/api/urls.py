@@ -2,11 +2,13 @@
 
 from django.urls import path
 
-from . import crud, decisions, inspection, whatif
+from . import crud, decisions, inspection, rls, whatif
 
 urlpatterns = [
     path("decisions", decisions.DecisionView.as_view(), name="api-decisions"),
     path("decisions/batch", decisions.BatchView.as_view(), name="api-decisions-batch"),
+    # envoyproxy/ratelimit's JSON contract (docs/GATEWAYS.md).
+    path("rls/json", rls.RlsJsonView.as_view(), name="api-rls-json"),
     path("reservations", decisions.ReservationView.as_view(), name="api-reservations"),
     path("reservations/<str:reservation_id>/commit", decisions.CommitView.as_view(), name="api-reservation-commit"),
     path("reservations/<str:reservation_id>/cancel", decisions.CancelView.as_view(), name="api-reservation-cancel"),

@@ -6,6 +6,7 @@ import math
 import pytest
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2
+from prometheus_client import REGISTRY
 
 from core.recorder import DecisionRecorder
 from core.stores.redis import RedisStore
@@ -208,3 +209,90 @@ def test_a_request_that_is_not_one_decision_is_refused_naming_what_is_wrong(api,
 def test_a_rules_quota_is_stated_in_envoys_units_where_it_can_be(quota, window, expected):
     limit = current_limit("item", quota, window)
     assert (limit and (limit.requests_per_unit, limit.unit)) == expected
+
+
+# POST /api/v1/rls/json: envoyproxy/ratelimit's JSON contract, on the gateways' request path.
+
+
+def post_json(client, body):
+    return client.post("/api/v1/rls/json", body, format="json")
+
+
+def test_json_answers_200_under_the_limit_and_429_over_in_protojson(memory_engine, load, policy_doc, decide_client):
+    policy_doc["tiers"]["free"]["team"] = [{"type": "fixed_window", "limit": 2, "window": 60}]
+    load(policy_doc)
+    body = {"domain": "limiter", "descriptors": [{"entries": [{"key": "team", "value": "t1"}]}]}
+    answers = [post_json(decide_client, body) for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert answers[0].json() == {
+        "overallCode": "OK",
+        "statuses": [
+            {
+                "code": "OK",
+                "currentLimit": {"name": "team:fixed_window", "requestsPerUnit": 2, "unit": "MINUTE"},
+                "limitRemaining": 1,
+            }
+        ],
+        "responseHeadersToAdd": [
+            {"key": "RateLimit-Policy", "value": '"team:fixed_window";q=2;w=60'},
+            {"key": "RateLimit", "value": '"team:fixed_window";r=1'},
+        ],
+    }
+    over = answers[2]
+    assert over.json()["overallCode"] == "OVER_LIMIT"
+    [status] = over.json()["statuses"]
+    assert status["code"] == "OVER_LIMIT" and status["durationUntilReset"].endswith("s")
+    # The answer's header fields are the response's too.
+    assert over["Retry-After"] == str(math.ceil(float(status["durationUntilReset"][:-1])))
+    assert over["RateLimit"].startswith('"team:fixed_window";r=0;t=')
+
+
+def test_json_takes_snake_case_names_and_hits_addend_as_the_cost(memory_engine, load, policy_doc, decide_client):
+    policy_doc["tiers"]["free"]["team"] = [{"type": "fixed_window", "limit": 10, "window": 60}]
+    load(policy_doc)
+    body = {"domain": "limiter", "descriptors": [{"entries": [{"key": "team", "value": "t1"}], "hits_addend": 4}]}
+    assert post_json(decide_client, body).json()["statuses"][0]["limitRemaining"] == 6
+    body = {"domain": "limiter", "hitsAddend": 5, "descriptors": [{"entries": [{"key": "team", "value": "t1"}]}]}
+    assert post_json(decide_client, body).json()["statuses"][0]["limitRemaining"] == 1
+
+
+@pytest.mark.parametrize(
+    "body, field, words",
+    [
+        ([], "body", "must be a JSON object"),
+        ({"domain": "limiter", "descriptors": [], "extra": 1}, "body", 'no field named "extra"'),
+        ({"domain": "limiter", "hitsAddend": -1}, "body", "hitsAddend"),
+        ({"domain": 5}, "body", "domain"),
+        ({"domain": "other", "descriptors": [{"entries": [{"key": "team", "value": "a"}]}]}, "domain", "'other'"),
+        ({"domain": "limiter"}, "descriptors", "at least one descriptor"),
+        (
+            {"domain": "limiter", "descriptors": [{"entries": [{"key": "x", "value": "a"}]}]},
+            "descriptors[0].entries[0].key",
+            "unknown level",
+        ),
+    ],
+)
+def test_json_that_is_not_one_decision_is_a_400_naming_what_is_wrong(api, decide_client, body, field, words):
+    response = post_json(decide_client, body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid" and field in error["fields"] and words in error["message"]
+
+
+def test_json_that_does_not_parse_is_a_400(api, decide_client):
+    response = decide_client.post("/api/v1/rls/json", b"{nope", content_type="application/json")
+    assert response.status_code == 400 and response.json()["error"]["code"] == "malformed_request"
+
+
+def test_json_needs_a_deciding_token(api, client):
+    response = client.post("/api/v1/rls/json", {"domain": "limiter"}, content_type="application/json")
+    assert response.status_code == 401
+
+
+def test_json_decisions_are_timed_as_rls_json(api, decide_client):
+    def timed():
+        return REGISTRY.get_sample_value("limiter_decision_seconds_count", {"endpoint": "rls_json"}) or 0
+
+    before = timed()
+    post_json(decide_client, {"domain": "limiter", "descriptors": [{"entries": [{"key": "team", "value": "acme"}]}]})
+    assert timed() == before + 1

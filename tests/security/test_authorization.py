@@ -53,6 +53,10 @@ BODIES = {
     ("POST", "/api/v1/decisions"): {"keys": ACME},
     ("POST", "/api/v1/decisions/batch"): {"requests": [{"keys": ACME}, {"keys": ACME, "cost": 2}]},
     ("POST", "/api/v1/reservations"): {"keys": ACME, "cost": 1},
+    ("POST", "/api/v1/rls/json"): {
+        "domain": "limiter",
+        "descriptors": [{"entries": [{"key": "team", "value": "acme"}]}],
+    },
     ("POST", "/api/v1/reservations/<str:reservation_id>/commit"): {"actual_cost": 1},
     ("POST", "/api/v1/reservations/<str:reservation_id>/cancel"): {},
     ("POST", "/api/v1/tiers"): {"name": "gold", "rules": {"user": [BUCKET]}},
@@ -243,9 +247,16 @@ def test_each_route_has_one_row():
     assert sorted({path for path in paths if paths.count(path) > 1}) == []
 
 
+# API routes the OpenAPI schema leaves out on purpose, each served by a gateway view with no
+# describing view: envoyproxy/ratelimit's JSON contract, whose one-decision rules (a level in
+# each descriptor, one key per level, one cost) no JSON schema can state (docs/GATEWAYS.md).
+NOT_IN_SCHEMA = {"/api/v1/rls/json": {"POST"}}
+
+
 def test_the_api_rows_name_exactly_the_methods_of_the_schema():
     documented = {row.path: set(row.methods) for row in ROWS if row.path.startswith("/api/v1/")}
-    assert documented == schema_operations()
+    assert documented == schema_operations() | NOT_IN_SCHEMA
+    assert not set(NOT_IN_SCHEMA) & set(schema_operations())
 
 
 def test_every_api_row_that_lets_anyone_in_has_a_valid_request_to_send():
