@@ -8,6 +8,7 @@ from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2
 from prometheus_client import REGISTRY
 
+from core import StoreUnavailable
 from core.recorder import DecisionRecorder
 from core.stores.redis import RedisStore
 from policies.api.errors import APIError
@@ -169,6 +170,20 @@ def test_a_store_that_is_down_gets_the_levels_fail_modes(db, load, policy_doc, u
     assert open_user.overall_code == Response.OK
     assert closed_team.overall_code == Response.OVER_LIMIT
     assert headers(closed_team)["Retry-After"] == "1"
+
+
+def test_a_check_only_descriptor_with_the_store_down_cannot_be_answered(db, load, policy_doc, unreachable_redis_url):
+    """As a REST dry run (503): a check reads the store, and no fail mode reads for it. The
+    gRPC service answers UNAVAILABLE, and Envoy then does what failure_mode_deny says."""
+    store = RedisStore(url=unreachable_redis_url)
+    install_policy_cache(PolicyCache(store=store))
+    try:
+        load(policy_doc)
+        with pytest.raises(StoreUnavailable):
+            decide(descriptor(("user", "u1"), hits=0))
+    finally:
+        install_policy_cache(None)
+        store.close()
 
 
 @pytest.mark.parametrize(

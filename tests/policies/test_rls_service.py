@@ -97,3 +97,27 @@ def test_a_bind_address_already_taken_is_an_error_naming_it(service):
             start_server(f"127.0.0.1:{first.port}")
     finally:
         first.stop(grace=None)
+
+
+def test_a_check_that_cannot_reach_the_store_is_unavailable(transactional_db, load, policy, unreachable_redis_url):
+    from core.stores.redis import RedisStore
+
+    store = RedisStore(url=unreachable_redis_url)
+    install_policy_cache(PolicyCache(store=store))
+    load(policy)
+    server = start_server("127.0.0.1:0")
+    request = ask(team="acme")
+    request.descriptors[0].hits_addend.value = 0  # check only: no fail mode answers for it
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ShouldRateLimit(request, timeout=10)
+            # A taking request is decided by the levels' fail modes (open here) instead.
+            assert stub.ShouldRateLimit(ask(team="acme"), timeout=10).overall_code == Response.OK
+    finally:
+        server.stop(grace=None)
+        install_policy_cache(None)
+        store.close()
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "cannot decide now" in refused.value.details()
