@@ -7,8 +7,8 @@ shared directory (prometheus-client's multiprocess mode) so /metrics adds them a
 
 With RLS_BIND (host:port; unset or empty: off), each worker also serves Envoy's rate limit
 service over gRPC (policies/rls_service.py), in its own process, so gRPC and REST decisions
-share the worker's store, the in-process one included. Several workers (on Redis) share
-the port (SO_REUSEPORT); stopping gunicorn stops them all.
+share the worker's store, the in-process one included. The workers share the port
+(SO_REUSEPORT); stopping gunicorn stops them all.
 """
 
 import os
@@ -41,7 +41,9 @@ def post_worker_init(worker):
         # Here, after the fork: gRPC's threads must start in the process that serves.
         from policies.rls_service import start_server
 
-        worker.rls_server = start_server(bind, reuse_port=worker.cfg.workers > 1)
+        # SO_REUSEPORT, as the workers share gunicorn's HTTP socket: several workers serve
+        # the one port.
+        worker.rls_server = start_server(bind, reuse_port=True)
 
 
 def worker_exit(server, worker):

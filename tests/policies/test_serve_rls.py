@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
@@ -117,3 +118,18 @@ def test_serve_rls_on_a_taken_port_exits_non_zero_naming_it(database):
         )
     assert done.returncode != 0
     assert f"cannot serve Envoy's rate limit service on '127.0.0.1:{port}'" in done.stderr
+
+
+def test_a_reload_keeps_grpc_served_by_the_new_worker():
+    rls = free_port()
+    with Service(team_policy(100), extra_env={"RLS_BIND": f"127.0.0.1:{rls}"}) as service:
+        assert should_rate_limit(rls).overall_code == Response.OK
+        [old] = service.worker_pids()
+        # SIGHUP: gunicorn replaces its worker; the new one serves gRPC on the same port.
+        os.kill(service.process.pid, signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (old in service.worker_pids() or not service.worker_pids()):
+            time.sleep(0.05)  # waiting for gunicorn's reload, not an edge under test
+        assert old not in service.worker_pids() and len(service.worker_pids()) == 1
+        assert should_rate_limit(rls).overall_code == Response.OK
+        assert "Worker failed to boot" not in service.read_log()
