@@ -8,7 +8,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from limiter_admin.env import env_bool, env_list, env_str
+from limiter_admin.env import env_bool, env_json, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -158,6 +158,9 @@ LIMITER_USAGE_HOUR_DAYS = float(env_str("LIMITER_USAGE_HOUR_DAYS") or "30")
 # The most recent decision requests kept for the what-if replay (0: none recorded, at no cost);
 # in the statistics' Redis when REDIS_URL is set, else in the process. docs/OPERATIONS.md.
 LIMITER_RECORD_LIMIT = int(env_str("LIMITER_RECORD_LIMIT") or "200000")
+# Forward-auth (/api/v1/authz, docs/GATEWAYS.md): the request header that carries each level's
+# key, as JSON; the global level's key is always "*" (policies.E005 checks the map).
+LIMITER_AUTHZ_KEYS = env_json("LIMITER_AUTHZ_KEYS", {"user": "X-Limiter-User", "team": "X-Limiter-Team"})
 CACHES = _caches(REDIS_URL, LIMITER_STORE_TIMEOUT, LIMITER_BATCH_TIMEOUT)
 # Each alias its own pool, with its own timeouts (django-redis would share one per URL).
 DJANGO_REDIS_CONNECTION_FACTORY = "limiter_admin.redis_pools.PoolPerSettingsFactory"
