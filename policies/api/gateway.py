@@ -21,7 +21,6 @@ from typing import Any, ClassVar
 
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver, get_resolver
-from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from drf_spectacular.generators import EndpointEnumerator
@@ -39,6 +38,7 @@ JSON = "application/json"
 _ACCEPTS_JSON = frozenset(("*/*", "application/*", JSON))
 _UNREAD = object()
 _RENDERER = JSONRenderer()
+_ALLOW: dict[type, str] = {}  # each view class's Allow field
 
 
 class Call:
@@ -66,7 +66,6 @@ class Answer:
         self.status, self.body, self.headers = status, body, headers or {}
 
 
-@method_decorator(csrf_exempt, name="dispatch")  # token calls need none; sessions are checked in `caller`
 class GatewayView(View):
     """A gateway endpoint: set `methods`, `endpoint` (its label in limiter_decision_seconds),
     `schema` (the DRF view that describes it) and write `answer`."""
@@ -78,6 +77,11 @@ class GatewayView(View):
     negotiate: ClassVar[bool] = True
     # Whether a body must be JSON (415 otherwise): false for endpoints that read no body.
     reads_json: ClassVar[bool] = True
+
+    @classmethod
+    def as_view(cls, **initkwargs: Any):
+        # Token calls need no CSRF token; a session's call is checked in `caller`.
+        return csrf_exempt(super().as_view(**initkwargs))
 
     def answer(self, call: Call, **kwargs: Any) -> Answer:
         raise NotImplementedError(f"{type(self).__name__}.answer")
@@ -102,15 +106,19 @@ class GatewayView(View):
             observe_seconds(self.endpoint, perf_counter() - start)
 
     def respond(self, answer: Answer) -> HttpResponse:
-        content = b"" if answer.body is None else _RENDERER.render(answer.body)
-        headers = {"Content-Type": JSON, **answer.headers} if answer.body is not None else answer.headers
-        response = HttpResponse(content, status=answer.status, headers=headers)
-        response["Allow"] = self.allow()
-        return response
+        if answer.body is None:
+            content, headers = b"", {**answer.headers, "Allow": self.allow()}
+        else:
+            content = _RENDERER.render(answer.body)
+            headers = {"Content-Type": JSON, **answer.headers, "Allow": self.allow()}
+        return HttpResponse(content, status=answer.status, headers=headers)
 
     @classmethod
     def allow(cls) -> str:
-        return ", ".join(dict.fromkeys((*cls.methods, "OPTIONS")))
+        found = _ALLOW.get(cls)
+        if found is None:
+            found = _ALLOW[cls] = ", ".join(dict.fromkeys((*cls.methods, "OPTIONS")))
+        return found
 
     def caller(self, request: HttpRequest) -> Call:
         """The checks before `answer`, in DRF's order: method, credentials, scope, media types."""
