@@ -13,8 +13,9 @@ RLS_BIND ?= 127.0.0.1:8081
 
 # The Debian packages the tests need, installed by `make deps` when missing: the one list to
 # extend. The Redis tests start their own redis-server, the browser tests drive Chromium
-# (/usr/bin/chromium), and the PostgreSQL run starts its own server from the postgresql package.
-TEST_PACKAGES := redis-server chromium postgresql
+# (/usr/bin/chromium), the PostgreSQL run starts its own server from the postgresql package, and
+# the forward-auth tests run nginx (nginx-light, built with auth_request) and Caddy in front of it.
+TEST_PACKAGES := redis-server chromium postgresql nginx-light caddy
 # Debian's python3 makes no venv without python3-venv; another Python (pyenv's) needs nothing.
 VENV_PACKAGES = $(if $(wildcard $(STAMP)),,$(shell $(PYTHON) -c 'import ensurepip' 2>/dev/null || echo python3-venv))
 # The tests that run a second time, on a PostgreSQL server the session starts (tests/postgres.py).

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from limiter_admin.env import env_bool, env_list, env_str
+from limiter_admin.env import env_bool, env_json, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -163,6 +163,9 @@ LIMITER_RECORD_LIMIT = int(env_str("LIMITER_RECORD_LIMIT") or "200000")
 # service token (gRPC metadata `authorization: Bearer ...`).
 LIMITER_RLS_DOMAIN = env_str("LIMITER_RLS_DOMAIN") or "limiter"
 LIMITER_RLS_REQUIRE_TOKEN = env_bool("LIMITER_RLS_REQUIRE_TOKEN", False)
+# Forward-auth (/api/v1/authz, docs/GATEWAYS.md): the request header that carries each level's
+# key, as JSON; the global level's key is always "*" (policies.E005 checks the map).
+LIMITER_AUTHZ_KEYS = env_json("LIMITER_AUTHZ_KEYS", {"user": "X-Limiter-User", "team": "X-Limiter-Team"})
 CACHES = _caches(REDIS_URL, LIMITER_STORE_TIMEOUT, LIMITER_BATCH_TIMEOUT)
 # Each alias its own pool, with its own timeouts (django-redis would share one per URL).
 DJANGO_REDIS_CONNECTION_FACTORY = "limiter_admin.redis_pools.PoolPerSettingsFactory"

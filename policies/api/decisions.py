@@ -22,6 +22,7 @@ from rest_framework.views import APIView
 from core import InvalidRequest, ReservationNotFound, ReservationSettled
 from core.limiter import acquire_batch
 from policies.compile import TENANT_LEVEL, policy_cache
+from policies.leases import lease_id, release
 
 from . import schemas
 from .answers import decision_body, decision_headers, explain_rows
@@ -72,11 +73,11 @@ class DecisionView(GatewayView):
         limiter = cache.limiter_for(asked.keys.get(TENANT_LEVEL))
         if asked.dry_run:
             decision, rows = limiter.explain(asked.keys, asked.cost, asked.priority)
-            body = {**decision_body(decision), "dry_run": True, "rules": explain_rows(rows)}
+            body = {**decision_body(decision), "lease": None, "dry_run": True, "rules": explain_rows(rows)}
         else:
             decision = limiter.acquire(asked.keys, asked.cost, asked.priority)
             record(asked.keys, decision, asked.cost, asked.priority)
-            body = decision_body(decision)
+            body = {**decision_body(decision), "lease": lease_id(asked.keys, decision.lease)}
         return Answer(body, decision_headers(limiter, asked.keys, decision))
 
 
@@ -105,7 +106,33 @@ class BatchView(GatewayView):
                 raise
             raise invalid(f"requests.{error.field}", str(error).split(": ", 1)[-1]) from None
         record_many((r.keys, decision, r.cost, r.priority) for r, decision in zip(asked, decisions))
-        return Answer({"decisions": [decision_body(d) for d in decisions]})
+        return Answer(
+            {"decisions": [{**decision_body(d), "lease": lease_id(r.keys, d.lease)} for r, d in zip(asked, decisions)]}
+        )
+
+
+class LeaseReleaseView(GatewayView):
+    endpoint = "release"
+    schema = described(
+        "LeaseRelease",
+        post=extend_schema(
+            request=None,
+            responses={200: schemas.LeaseRelease, **schemas.ERRORS, **schemas.NOT_FOUND},
+            summary="Hand back a concurrency slot",
+            tags=["decisions"],
+            description="Frees the slot that a decision's `lease` holds. Once only: a second "
+            "release, a release after the lease ran out, or while the store is down (the slot "
+            "then comes back when its lease runs out) is a 404.",
+        ),
+    )
+
+    def answer(self, call: Call, **kwargs: Any) -> Answer:
+        lease = kwargs["lease"]
+        parse_settlement(call.data, required=False)  # no body, or an empty object
+        released = release(lease)
+        if not released:
+            raise not_found(f"no slot held by lease {lease!r}: unknown, released already, or run out", "id")
+        return Answer({"id": lease, "status": "released", "released": released})
 
 
 def _epoch_iso(seconds: float) -> str:

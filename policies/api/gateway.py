@@ -21,7 +21,6 @@ from typing import Any, ClassVar
 
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver, get_resolver
-from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from drf_spectacular.generators import EndpointEnumerator
@@ -39,6 +38,7 @@ JSON = "application/json"
 _ACCEPTS_JSON = frozenset(("*/*", "application/*", JSON))
 _UNREAD = object()
 _RENDERER = JSONRenderer()
+_ALLOW: dict[type, str] = {}  # each view class's Allow field
 
 
 class Call:
@@ -66,7 +66,6 @@ class Answer:
         self.status, self.body, self.headers = status, body, headers or {}
 
 
-@method_decorator(csrf_exempt, name="dispatch")  # token calls need none; sessions are checked in `caller`
 class GatewayView(View):
     """A gateway endpoint: set `methods`, `endpoint` (its label in limiter_decision_seconds),
     `schema` (the DRF view that describes it) and write `answer`."""
@@ -79,11 +78,16 @@ class GatewayView(View):
     # Whether a body must be JSON (415 otherwise): false for endpoints that read no body.
     reads_json: ClassVar[bool] = True
 
+    @classmethod
+    def as_view(cls, **initkwargs: Any):
+        # Token calls need no CSRF token; a session's call is checked in `caller`.
+        return csrf_exempt(super().as_view(**initkwargs))
+
     def answer(self, call: Call, **kwargs: Any) -> Answer:
         raise NotImplementedError(f"{type(self).__name__}.answer")
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if request.method == "OPTIONS":  # a CORS preflight carries no credentials
+        if request.method == "OPTIONS" and "OPTIONS" not in self.methods:  # a CORS preflight: no credentials
             return self.respond(Answer(None))
         start = perf_counter()
         try:
@@ -102,15 +106,19 @@ class GatewayView(View):
             observe_seconds(self.endpoint, perf_counter() - start)
 
     def respond(self, answer: Answer) -> HttpResponse:
-        content = b"" if answer.body is None else _RENDERER.render(answer.body)
-        headers = {"Content-Type": JSON, **answer.headers} if answer.body is not None else answer.headers
-        response = HttpResponse(content, status=answer.status, headers=headers)
-        response["Allow"] = self.allow()
-        return response
+        if answer.body is None:
+            content, headers = b"", {**answer.headers, "Allow": self.allow()}
+        else:
+            content = _RENDERER.render(answer.body)
+            headers = {"Content-Type": JSON, **answer.headers, "Allow": self.allow()}
+        return HttpResponse(content, status=answer.status, headers=headers)
 
     @classmethod
     def allow(cls) -> str:
-        return ", ".join((*cls.methods, "OPTIONS"))
+        found = _ALLOW.get(cls)
+        if found is None:
+            found = _ALLOW[cls] = ", ".join(dict.fromkeys((*cls.methods, "OPTIONS")))
+        return found
 
     def caller(self, request: HttpRequest) -> Call:
         """The checks before `answer`, in DRF's order: method, credentials, scope, media types."""
@@ -157,12 +165,15 @@ def described(name: str, **methods: Any) -> type[APIView]:
     """A DRF view that describes a gateway endpoint to drf-spectacular and never serves:
     `methods` maps a method name (`post`) to its extend_schema decorator."""
 
-    def never_served(self, request, *args, **kwargs):
-        raise exceptions.NotFound()  # the gateway view serves the path; this class only describes it
+    def never_served():
+        def handler(self, request, *args, **kwargs):
+            raise exceptions.NotFound()  # the gateway view serves the path; this class describes it
+
+        return handler  # one function per method: extend_schema marks the function it decorates
 
     attrs: dict[str, Any] = {"permission_classes": [CanDecide], "__module__": __name__}
     for method, decorate in methods.items():
-        attrs[method] = decorate(never_served)
+        attrs[method] = decorate(never_served())
     return type(name, (APIView,), attrs)
 
 
@@ -171,22 +182,25 @@ def gateway_endpoints(endpoints: list, **kwargs: Any) -> list:
     the DRF views that describe them (`GatewayView.schema`), at their own paths."""
     enumerator = EndpointEnumerator()
     found = list(endpoints)
-    for path_regex, view_class in _gateway_views(get_resolver().url_patterns, ""):
-        assert view_class.schema is not None
-        callback = view_class.schema.as_view()
+    for path_regex, schema in _gateway_views(get_resolver().url_patterns, ""):
+        callback = schema.as_view()
         path = enumerator.get_path_from_regex(path_regex)
         for method in enumerator.get_allowed_methods(callback):
             found.append((path, path_regex, method, callback))
     return found
 
 
-def _gateway_views(patterns: list, prefix: str) -> Iterator[tuple[str, type[GatewayView]]]:
-    """(path regex, view class) of every URL pattern served by a described GatewayView."""
+def _gateway_views(patterns: list, prefix: str) -> Iterator[tuple[str, type[APIView]]]:
+    """(path regex, describing view) of every URL pattern served by a described GatewayView
+    (its `schema`, or the one its as_view() was given)."""
     for pattern in patterns:
         regex = prefix + str(pattern.pattern)
         if isinstance(pattern, URLResolver):
             yield from _gateway_views(pattern.url_patterns, regex)
         elif isinstance(pattern, URLPattern):
-            view_class = getattr(pattern.callback, "view_class", None)  # Django's View.as_view() sets it
-            if isinstance(view_class, type) and issubclass(view_class, GatewayView) and view_class.schema:
-                yield regex, view_class
+            # Django's View.as_view() sets both on the view function.
+            view_class = getattr(pattern.callback, "view_class", None)
+            if isinstance(view_class, type) and issubclass(view_class, GatewayView):
+                schema = getattr(pattern.callback, "view_initkwargs", {}).get("schema", view_class.schema)
+                if schema is not None:
+                    yield regex, schema

@@ -36,6 +36,7 @@ from google.protobuf import json_format
 from core import Decision, HierarchicalLimiter
 from core.params import LARGEST_NUMBER
 from policies.compile import TENANT_LEVEL, policy_cache
+from policies.leases import lease_id
 
 from .answers import binding_quota, decision_headers
 from .errors import invalid
@@ -191,8 +192,10 @@ def _response(limiter: HierarchicalLimiter, asked: Asked, keys: Mapping[str, str
         statuses=statuses,
         response_headers_to_add=[base_pb2.HeaderValue(key=k, value=v) for k, v in headers.items()],
     )
-    if decision.lease is not None:
-        response.request_headers_to_add.append(base_pb2.HeaderValue(key=LEASE_HEADER, value=decision.lease))
+    lease = lease_id(keys, decision.lease)
+    if lease is not None:
+        # To the upstream, which releases the slot (POST /api/v1/leases/<lease>/release).
+        response.request_headers_to_add.append(base_pb2.HeaderValue(key=LEASE_HEADER, value=lease))
     return response
 
 

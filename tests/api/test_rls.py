@@ -134,7 +134,7 @@ def test_a_priority_entry_keeps_its_watermark(api, load, policy_doc):
     assert decide(descriptor(("team", "t1"), ("priority", "interactive"))).overall_code == Response.OK
 
 
-def test_a_slot_taken_hands_its_lease_to_the_upstream(memory_engine, load, policy_doc):
+def test_a_slot_taken_hands_its_lease_to_the_upstream(memory_engine, load, policy_doc, decide_client):
     policy_doc["tiers"]["free"]["team"] = [{"type": "concurrency", "limit": 1, "lease": 30}]
     load(policy_doc)
     first = decide(descriptor(("team", "t1")))
@@ -143,6 +143,10 @@ def test_a_slot_taken_hands_its_lease_to_the_upstream(memory_engine, load, polic
     second = decide(descriptor(("team", "t1")))
     assert second.overall_code == Response.OVER_LIMIT and not second.request_headers_to_add
     assert not first.statuses[0].HasField("current_limit")  # a concurrency limit has no unit
+    # The REST lease: released through the API, the slot is free again, once.
+    assert decide_client.post(f"/api/v1/leases/{lease}/release").status_code == 200
+    assert decide(descriptor(("team", "t1"))).overall_code == Response.OK
+    assert decide_client.post(f"/api/v1/leases/{lease}/release").status_code == 404
 
 
 def test_every_decision_is_recorded_for_the_statistics_and_the_what_if(api, clock):

@@ -91,13 +91,17 @@ def test_grpc_through_envoy_and_rest_share_the_buckets(envoy, limiter):
     assert envoy.get("/", {"x-limiter-team": "t-shared"})[0] == 429
 
 
-def test_a_slot_taken_reaches_the_upstream_as_its_lease_and_a_forged_one_does_not(envoy):
+def test_a_slot_taken_reaches_the_upstream_as_its_lease_and_a_forged_one_does_not(envoy, limiter):
     status, _, body = envoy.get("/", {"x-limiter-team": "slotted", "x-limiter-lease": "forged"})
     assert status == 200
     lease = json.loads(body).get("x-limiter-lease")
     assert lease and lease != "forged"
     status, headers, _ = envoy.get("/", {"x-limiter-team": "slotted"})
     assert status == 429 and "retry-after" in headers
+    # The upstream, done, gives the slot back over REST: the next request goes through.
+    service, _ = limiter
+    assert service.post(f"/api/v1/leases/{lease}/release", {})[0] == 200
+    assert envoy.get("/", {"x-limiter-team": "slotted"})[0] == 200
 
 
 def test_without_a_team_header_the_global_level_alone_decides(envoy, upstream):

@@ -27,6 +27,8 @@ BUCKET = {"type": "token_bucket", "capacity": 5, "per_second": 1}
 
 # A URL to ask for each route with parameters (or a query it needs to be a valid request).
 SAMPLE_URLS = {
+    "/api/v1/leases/<str:lease>/release": "/api/v1/leases/no-such-lease/release",
+    "/api/v1/authz/<path:rest>": "/api/v1/authz/some/path",
     "/api/v1/reservations/<str:reservation_id>/commit": "/api/v1/reservations/no-such-reservation/commit",
     "/api/v1/reservations/<str:reservation_id>/cancel": "/api/v1/reservations/no-such-reservation/cancel",
     "/api/v1/buckets": "/api/v1/buckets?level=team&key=acme",
@@ -59,6 +61,12 @@ BODIES = {
     },
     ("POST", "/api/v1/reservations/<str:reservation_id>/commit"): {"actual_cost": 1},
     ("POST", "/api/v1/reservations/<str:reservation_id>/cancel"): {},
+    ("POST", "/api/v1/leases/<str:lease>/release"): {},
+    **{
+        (method, route): {}
+        for method in ("POST", "PUT", "PATCH")
+        for route in ("/api/v1/authz", "/api/v1/authz/<path:rest>")
+    },
     ("POST", "/api/v1/tiers"): {"name": "gold", "rules": {"user": [BUCKET]}},
     ("PUT", "/api/v1/tiers/<str:name>"): {"name": "pro", "rules": {"user": [BUCKET]}, "version": 1},
     ("PATCH", "/api/v1/tiers/<str:name>"): {"rules": {"team": [BUCKET]}, "version": 1},
@@ -100,6 +108,7 @@ BODIES = {
 # Where the table says `yes`, the API serves these requests with a 2xx, but for samples that
 # name a reservation that does not exist, or a row still in use.
 SERVED_OTHERWISE = {
+    ("POST", "/api/v1/leases/<str:lease>/release"): 404,
     ("POST", "/api/v1/reservations/<str:reservation_id>/commit"): 404,
     ("POST", "/api/v1/reservations/<str:reservation_id>/cancel"): 404,
     ("DELETE", "/api/v1/tiers/<str:name>"): 409,  # the default tier, with tenants
@@ -144,11 +153,16 @@ def caller_client(caller: str, world) -> APIClient:
     return client
 
 
+# Forward-auth reads its request from headers.
+AUTHZ_HEADERS = {"HTTP_X_LIMITER_USER": "u1", "HTTP_X_LIMITER_TEAM": "acme"}
+
+
 def call(client: APIClient, method: str, url: str, route: str):
     body = BODIES.get((method, route))
     if route.startswith("/api/"):
+        extra = AUTHZ_HEADERS if route.startswith("/api/v1/authz") else {}
         return client.generic(
-            method, url, data="" if body is None else json.dumps(body), content_type="application/json"
+            method, url, data="" if body is None else json.dumps(body), content_type="application/json", **extra
         )
     if method == "GET":
         return client.get(url)
