@@ -133,3 +133,11 @@ def test_a_reload_keeps_grpc_served_by_the_new_worker():
         assert old not in service.worker_pids() and len(service.worker_pids()) == 1
         assert should_rate_limit(rls).overall_code == Response.OK
         assert "Worker failed to boot" not in service.read_log()
+
+
+@pytest.mark.parametrize("environment, passed", [({}, "RLS_BIND='127.0.0.1:8081'"), ({"RLS_BIND": ""}, "RLS_BIND=''")])
+def test_make_run_hands_gunicorn_rls_bind_by_default_and_empty_when_told(environment, passed):
+    env = {k: v for k, v in os.environ.items() if k != "RLS_BIND"} | environment
+    done = subprocess.run(["make", "-n", "run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    [line] = [line for line in done.stdout.splitlines() if "gunicorn limiter_admin.wsgi" in line]
+    assert line.startswith(passed + " ")
