@@ -7,11 +7,15 @@ STAMP := $(VENV)/.installed
 # The in-process store lives in one process, so without Redis there must be one worker;
 # with REDIS_URL the state is shared and several workers can serve.
 WORKERS := $(if $(REDIS_URL),4,1)
+# Envoy's rate limit service (gRPC), served by gunicorn's workers beside the REST API, on the
+# same store (limiter_admin/gunicorn_conf.py). RLS_BIND= (empty) turns it off.
+RLS_BIND ?= 127.0.0.1:8081
 
 # The Debian packages the tests need, installed by `make deps` when missing: the one list to
 # extend. The Redis tests start their own redis-server, the browser tests drive Chromium
-# (/usr/bin/chromium), and the PostgreSQL run starts its own server from the postgresql package.
-TEST_PACKAGES := redis-server chromium postgresql
+# (/usr/bin/chromium), the PostgreSQL run starts its own server from the postgresql package, and
+# the forward-auth tests run nginx (nginx-light, built with auth_request) and Caddy in front of it.
+TEST_PACKAGES := redis-server chromium postgresql nginx-light caddy
 # Debian's python3 makes no venv without python3-venv; another Python (pyenv's) needs nothing.
 VENV_PACKAGES = $(if $(wildcard $(STAMP)),,$(shell $(PYTHON) -c 'import ensurepip' 2>/dev/null || echo python3-venv))
 # The tests that run a second time, on a PostgreSQL server the session starts (tests/postgres.py).
@@ -56,8 +60,9 @@ run: $(STAMP)
 # The demo policies, only into an empty store: operators' edits survive a restart.
 	$(BIN)/python manage.py loadpolicies --if-empty demo
 	$(BIN)/python manage.py ensureoperator
-# limiter_admin/gunicorn_conf.py: no control socket, and /metrics adds up every worker.
-	$(BIN)/gunicorn limiter_admin.wsgi -c python:limiter_admin.gunicorn_conf -b 127.0.0.1:8000 -w $(WORKERS) --threads 8
+# limiter_admin/gunicorn_conf.py: no control socket, /metrics adds up every worker, and each
+# worker serves gRPC on RLS_BIND. Ctrl-C stops gunicorn, and with it the gRPC service.
+	RLS_BIND='$(RLS_BIND)' $(BIN)/gunicorn limiter_admin.wsgi -c python:limiter_admin.gunicorn_conf -b 127.0.0.1:8000 -w $(WORKERS) --threads 8
 
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py

@@ -6,9 +6,7 @@ redis-server), for three endpoints served by one gunicorn, side by side:
   permission check, the body not read), served from bench/settings.py + bench/urls.py
   (the app's URLs plus this one): the floor of Django + DRF + gunicorn;
 - decision: `POST /api/v1/decisions`, Bearer token, a 3-level decision on Redis;
-- batch: `POST /api/v1/decisions/batch` with --batch-size decisions per request;
-- drf (only when named in --endpoints): the decision endpoint's view with its lean path off,
-  every request through DRF's own dispatch, as it was served before the lean path.
+- batch: `POST /api/v1/decisions/batch` with --batch-size decisions per request.
 
 Run: .venv/bin/python bench/http.py [--duration S] [--connections N] [--workers W]
      [--threads T] [--batch-size B] [--rounds R] [--profile auto|always|never]
@@ -79,7 +77,6 @@ PATHS = {
     "bare": "/bench/bare",
     "decision": "/api/v1/decisions",
     "batch": "/api/v1/decisions/batch",
-    "drf": "/bench/decisions-drf",
 }
 ALLOWED = b'"allowed":true'
 # A degraded decision never reached Redis: the store timed out (LIMITER_STORE_TIMEOUT) or its
@@ -484,16 +481,6 @@ def ratios(rounds: list[dict], args) -> dict:
             f"{verdict(p99 <= TARGETS['p99_ms'])}{note}"
         )
         found["p99_ms"] = p99
-    if {"decision", "drf"} <= set(args.endpoints):
-        clean = [r for r in rounds if not r["decision"]["degraded"] and not r["drf"]["degraded"]]
-        if clean:
-            per_round = [r["decision"]["requests_s"] / r["drf"]["requests_s"] for r in clean]
-            cpu = [machine_us(r["drf"]) / machine_us(r["decision"]) for r in clean]
-            print(
-                f"decision (lean path) / the same through DRF's dispatch, requests/s: "
-                f"{statistics.median(per_round):.2f}x median (rounds {spread(per_round)}); by CPU per request of "
-                f"all three: {statistics.median(cpu):.2f}x (rounds {spread(cpu)}){excluded(rounds, clean)}"
-            )
     if {"decision", "batch"} <= set(args.endpoints):
         clean = [r for r in rounds if not r["decision"]["degraded"] and not r["batch"]["degraded"]]
         if clean:
@@ -893,7 +880,7 @@ def parse_args():
     parser.add_argument(
         "--endpoints",
         default="bare,decision,batch",
-        help="comma-separated, in the order each round runs them (also: drf, the decision through DRF's own dispatch)",
+        help="comma-separated, in the order each round runs them",
     )
     parser.add_argument(
         "--profile",

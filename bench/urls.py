@@ -3,9 +3,7 @@
 - `bench/bare`: a DRF APIView that answers a constant, the floor that bench/http.py measures
   the decision endpoint against;
 - `bench/plain`: a plain Django view that answers the same bytes, no DRF: bench/http.py's
-  profile uses it to tell DRF's own cost per request from Django's;
-- `bench/decisions-drf`: /api/v1/decisions with its lean path off, every request through DRF's
-  own dispatch (as before the lean path), to measure the two side by side under one gunicorn.
+  profile uses it to tell DRF's own cost per request from Django's.
 """
 
 import json
@@ -19,7 +17,6 @@ from rest_framework.views import APIView
 
 from limiter_admin.urls import handler404, handler500  # noqa: F401
 from limiter_admin.urls import urlpatterns as app_urlpatterns
-from policies.api.decisions import DecisionView
 
 # An allowed decision's body, as /api/v1/decisions answers it.
 ANSWER = {
@@ -56,5 +53,4 @@ urlpatterns = [
     *app_urlpatterns,
     path("bench/bare", BareView.as_view(), name="bench-bare"),
     path("bench/plain", plain, name="bench-plain"),
-    path("bench/decisions-drf", DecisionView.as_view(lean=False), name="bench-decisions-drf"),
 ]

@@ -6,6 +6,9 @@
     if d.allowed: ...
     with client.reserve(keys, cost=estimate) as reservation:  # RateLimited when denied
         reservation.actual_cost = call_the_model()            # committed on exit
+    with client.slot(keys) as d:       # RateLimited when denied; a concurrency slot, if the
+        call_the_model()               # policy has one, is released on exit
+    client.release(d.lease)            # by hand: True when freed, False when it was not held
 
 Answers are `core.Decision`s, as the engine's own (`retry_after` null in JSON is math.inf:
 the cost can never fit; so is a null `remaining`). Errors:
@@ -171,6 +174,28 @@ class RemoteReservation:
         return f"<RemoteReservation {self.id} cost={self.cost!r} {state}>"
 
 
+class Slot:
+    """An allowed decision held for the length of a `with` block: its concurrency slot, if
+    it took one, is released on exit (`released`: whether the server freed one)."""
+
+    def __init__(self, client: LimiterClient, decision: Decision) -> None:
+        self.client, self.decision, self.released = client, decision, False
+
+    def __enter__(self) -> Decision:
+        return self.decision
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> Literal[False]:
+        try:
+            self.released = self.client.release(self.decision.lease)
+        except LimiterError as error:
+            if exc is None:
+                raise
+            exc.add_note(f"releasing lease {self.decision.lease} failed too: {error}")  # the body's error first
+        return False
+
+
 class LimiterClient:
     """Decisions and reservations over the REST API, as `Authorization: Bearer <token>`.
     `timeout` bounds each HTTP request; `clock` and `sleep` are what `acquire` waits with."""
@@ -231,6 +256,34 @@ class LimiterClient:
         can never fit). The check is `.allowed`, as for `decide`; it never raises for a denial.
         """
         return wait_until_allowed(lambda: self.decide(keys, cost, priority), timeout, self.clock, self.sleep)
+
+    def release(self, lease: str | None) -> bool:
+        """Hand back the concurrency slot a decision's `lease` holds. True when it was freed;
+        False when there was nothing to free: no lease (None), released already, run out, or
+        the server's store was down (the slot then comes back when its lease runs out)."""
+        if lease is None:
+            return False
+        try:
+            self._post(f"/leases/{quote(lease, safe='')}/release", {})
+        except LimiterAPIError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    def slot(
+        self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None, timeout: float | None = None
+    ) -> Slot:
+        """`decide` (or, with a `timeout`, `acquire`) as a context manager: RateLimited when
+        denied; on exit, whatever the body did, the decision's concurrency slot (if it took
+        one) is released."""
+        if timeout is None:
+            decision = self.decide(keys, cost, priority)
+        else:
+            decision = self.acquire(keys, cost, timeout, priority)
+        if not decision.allowed:
+            raise RateLimited(decision)
+        return Slot(self, decision)
 
     # Reservations ---------------------------------------------------------------------------
 

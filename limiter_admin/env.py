@@ -1,5 +1,6 @@
 """Read settings from the environment, failing at start-up on a value we cannot read."""
 
+import json
 import os
 
 from django.core.exceptions import ImproperlyConfigured
@@ -33,3 +34,14 @@ def env_list(name, default):
 def env_str(name, default=None):
     """The string in `name`; an empty value counts as unset."""
     return os.environ.get(name) or default
+
+
+def env_json(name, default):
+    """The JSON document in `name`, or `default` when it is unset or empty."""
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return json.loads(raw)
+    except ValueError as error:
+        raise ImproperlyConfigured(f"{name}: not JSON ({error})") from None

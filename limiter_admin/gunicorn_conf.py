@@ -4,6 +4,11 @@
 
 With several workers, each keeps its own Prometheus counters; these hooks give them a
 shared directory (prometheus-client's multiprocess mode) so /metrics adds them all up.
+
+With RLS_BIND (host:port; unset or empty: off), each worker also serves Envoy's rate limit
+service over gRPC (policies/rls_service.py), in its own process, so gRPC and REST decisions
+share the worker's store, the in-process one included. The workers share the port
+(SO_REUSEPORT); stopping gunicorn stops them all.
 """
 
 import os
@@ -28,6 +33,23 @@ def on_starting(server):
     # Counters of an earlier run would be added to this one's.
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory, exist_ok=True)
+
+
+def post_worker_init(worker):
+    bind = os.environ.get("RLS_BIND", "")
+    if bind:
+        # Here, after the fork: gRPC's threads must start in the process that serves.
+        from policies.rls_service import start_server
+
+        # SO_REUSEPORT, as the workers share gunicorn's HTTP socket: several workers serve
+        # the one port.
+        worker.rls_server = start_server(bind, reuse_port=True)
+
+
+def worker_exit(server, worker):
+    rls = getattr(worker, "rls_server", None)
+    if rls is not None:
+        rls.stop(grace=1).wait()
 
 
 def child_exit(server, worker):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from limiter_admin.env import env_bool, env_list, env_str
+from limiter_admin.env import env_bool, env_json, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -158,6 +158,14 @@ LIMITER_USAGE_HOUR_DAYS = float(env_str("LIMITER_USAGE_HOUR_DAYS") or "30")
 # The most recent decision requests kept for the what-if replay (0: none recorded, at no cost);
 # in the statistics' Redis when REDIS_URL is set, else in the process. docs/OPERATIONS.md.
 LIMITER_RECORD_LIMIT = int(env_str("LIMITER_RECORD_LIMIT") or "200000")
+# Envoy's rate limit service (manage.py serve_rls, POST /api/v1/rls/json; docs/GATEWAYS.md):
+# the domain Envoy's ratelimit filter must send, and whether a call must carry a decide-scope
+# service token (gRPC metadata `authorization: Bearer ...`).
+LIMITER_RLS_DOMAIN = env_str("LIMITER_RLS_DOMAIN") or "limiter"
+LIMITER_RLS_REQUIRE_TOKEN = env_bool("LIMITER_RLS_REQUIRE_TOKEN", False)
+# Forward-auth (/api/v1/authz, docs/GATEWAYS.md): the request header that carries each level's
+# key, as JSON; the global level's key is always "*" (policies.E005 checks the map).
+LIMITER_AUTHZ_KEYS = env_json("LIMITER_AUTHZ_KEYS", {"user": "X-Limiter-User", "team": "X-Limiter-Team"})
 CACHES = _caches(REDIS_URL, LIMITER_STORE_TIMEOUT, LIMITER_BATCH_TIMEOUT)
 # Each alias its own pool, with its own timeouts (django-redis would share one per URL).
 DJANGO_REDIS_CONNECTION_FACTORY = "limiter_admin.redis_pools.PoolPerSettingsFactory"
@@ -214,6 +222,8 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # The gateways' endpoints are plain Django views, described by DRF views of their own.
+    "PREPROCESSING_HOOKS": ["policies.api.gateway.gateway_endpoints"],
     # The schema tells the truth about requests: unknown fields are refused, and names that
     # only the database knows (levels, tiers, priority classes) are listed as configured now.
     "POSTPROCESSING_HOOKS": [

@@ -92,3 +92,16 @@ def check_record_limit(app_configs=None, **kwargs) -> list[Error]:
     except ConfigError as error:
         return [Error(f"LIMITER_RECORD_LIMIT {error.reason}", id="policies.E004")]
     return []
+
+
+@register("policies")
+def check_authz_keys(app_configs=None, **kwargs) -> list[Error]:
+    """policies.E005: LIMITER_AUTHZ_KEYS maps level names to request header names."""
+    from django.conf import settings
+
+    from .api.authz import authz_keys_problems
+
+    return [
+        Error(f"LIMITER_AUTHZ_KEYS {problem}", id="policies.E005")
+        for problem in authz_keys_problems(settings.LIMITER_AUTHZ_KEYS)
+    ]

@@ -62,7 +62,7 @@ class _HeaderPlan:
     `RateLimit-Policy` value, and for each rule its sf-string item and `q`, so that a
     decision's `RateLimit` is one f-string (the header fields of policies.headers, exactly)."""
 
-    __slots__ = ("policy", "items", "smallest")
+    __slots__ = ("policy", "items", "smallest", "quotas", "smallest_quota")
 
     def __init__(self, items: list[tuple[str, str, float, float | None]]) -> None:
         # Finite quotas only (see _header_plan): each has its whole `q`.
@@ -70,6 +70,9 @@ class _HeaderPlan:
         self.items = {name: (sf_string(item), whole_units(q)) for item, name, q, w in items}
         smallest = min(items, key=lambda i: i[2]) if items else None
         self.smallest = (sf_string(smallest[0]), whole_units(smallest[2])) if smallest else None
+        # The same rules as (item, quota, window), for answers that state a limit other ways.
+        self.quotas = {name: (item, q, w) for item, name, q, w in items}
+        self.smallest_quota = (smallest[0], smallest[2], smallest[3]) if smallest else None
 
 
 # The header plans of each limiter, by the levels a request names; they go when it goes
@@ -112,3 +115,14 @@ def decision_headers(limiter: HierarchicalLimiter, keys: Mapping[str, str], deci
     if not decision.allowed and math.isfinite(decision.retry_after):
         headers["Retry-After"] = retry_after_header(decision.retry_after)
     return headers
+
+
+def binding_quota(
+    limiter: HierarchicalLimiter, levels: tuple[str, ...], decision: Decision
+) -> tuple[str, float, float | None] | None:
+    """The rule that `RateLimit` names for `decision` under `levels` (the one that blocked,
+    when it is one of theirs, else the smallest quota) as `(item, quota, window)`: what
+    another protocol's answer states as the limit. None when no rule has a finite quota."""
+    plan = _header_plan(limiter, levels)
+    found = plan.quotas.get(decision.blocked_by) if decision.blocked_by is not None else None
+    return found or plan.smallest_quota

@@ -70,7 +70,7 @@ class ServiceTokenAuthentication(authentication.BaseAuthentication):
         return BEARER_CHALLENGE
 
 
-def _scope(request) -> str | None:
+def scope_of(request) -> str | None:
     """`admin`, `decide`, or None for a caller with no API rights."""
     if isinstance(request.auth, TokenIdentity):
         return request.auth.scope
@@ -86,7 +86,7 @@ class CanDecide(permissions.BasePermission):
     message = "this call needs a decide or admin token, or an operator's session"
 
     def has_permission(self, request, view):
-        return _scope(request) in DECIDING_SCOPES
+        return scope_of(request) in DECIDING_SCOPES
 
 
 class IsOperator(permissions.BasePermission):
@@ -95,7 +95,7 @@ class IsOperator(permissions.BasePermission):
     message = "this call needs an admin token or an operator's session"
 
     def has_permission(self, request, view):
-        return _scope(request) == "admin"
+        return scope_of(request) == "admin"
 
 
 class ServiceTokenScheme(OpenApiAuthenticationExtension):

@@ -90,39 +90,46 @@ _CODES = {
 
 def handle_exception(exc: Exception, context: dict) -> Response | None:
     """DRF's EXCEPTION_HANDLER: every error a view raises, in the one shape."""
-    headers = {}
+    found = error_answer(exc)
+    if found is None:
+        return None  # a bug: Django's 500 handler answers (in the same shape, see server_error)
+    status_code, body, headers = found
+    return Response(body, status=status_code, headers=headers)
+
+
+def error_answer(exc: Exception) -> tuple[int, dict, dict] | None:
+    """The status, body and header fields that answer `exc`, for DRF's views and the gateway
+    path alike; None for an exception that is a bug."""
+    headers: dict[str, str] = {}
     if isinstance(exc, APIError):
-        return Response(error_body(exc.code, exc.message, exc.fields), status=exc.status_code)
+        return exc.status_code, error_body(exc.code, exc.message, exc.fields), headers
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied()
     if isinstance(exc, exceptions.ValidationError):
         fields = flatten(exc.detail)
-        return Response(error_body("invalid", _message(fields, "invalid request"), fields), status=400)
+        return 400, error_body("invalid", _message(fields, "invalid request"), fields), headers
     if isinstance(exc, InvalidRequest):
         fields = {exc.field: str(exc).split(": ", 1)[-1]} if exc.field else {}
-        return Response(error_body("invalid", str(exc), fields), status=400)
+        return 400, error_body("invalid", str(exc), fields), headers
     if isinstance(exc, ConfigError):
         fields = {exc.path: exc.reason} if exc.path else {}
-        return Response(error_body("invalid", str(exc), fields), status=400)
+        return 400, error_body("invalid", str(exc), fields), headers
     if isinstance(exc, StoreUnavailable):
-        return Response(
-            error_body("store_unavailable", f"the limiter's store is unreachable: {exc}"),
-            status=503,
-            headers={"Retry-After": "1"},
-        )
+        body = error_body("store_unavailable", f"the limiter's store is unreachable: {exc}")
+        return 503, body, {"Retry-After": "1"}
     if isinstance(exc, (DatabaseError, PolicyUnavailable)):
         # PolicyUnavailable: a worker that started while the database was down has no
         # policy to decide with yet (a warm one goes on with the last policy it read).
         log.warning("database error in the API: %s", exc)
-        return Response(
+        return (
+            503,
             error_body("database_unavailable", "the policy database is unreachable; try again"),
-            status=503,
-            headers={"Retry-After": "1"},
+            {"Retry-After": "1"},
         )
     if isinstance(exc, LimiterError):
-        return Response(error_body("invalid", str(exc)), status=400)
+        return 400, error_body("invalid", str(exc)), headers
     if isinstance(exc, exceptions.APIException):
         status_code, code = _CODES.get(type(exc), (exc.status_code, "error"))
         status_code = exc.status_code  # DRF turns a 401 into 403 when no scheme can challenge
@@ -134,8 +141,8 @@ def handle_exception(exc: Exception, context: dict) -> Response | None:
             headers["Retry-After"] = str(int(-(-wait // 1)))
         fields = flatten(exc.detail) if isinstance(exc.detail, (dict, list)) else {}
         message = _message(fields, str(exc.detail))
-        return Response(error_body(code, message, fields), status=status_code, headers=headers)
-    return None  # a bug: Django's 500 handler answers (in the same shape, see server_error)
+        return status_code, error_body(code, message, fields), headers
+    return None
 
 
 def server_error(request, *args, **kwargs) -> JsonResponse:

@@ -14,11 +14,16 @@ def _refuse_constant(name):
     raise ValueError(f"{name} is not valid JSON")
 
 
+def loads(raw: bytes):
+    """A JSON document from its bytes; ParseError (a 400) when it is not one."""
+    try:
+        return json.loads(raw, parse_constant=_refuse_constant)
+    except ValueError as error:  # also UnicodeDecodeError
+        raise ParseError(f"JSON parse error - {error}") from None
+    except RecursionError:  # nesting deeper than Python's stack (about 1,000 levels)
+        raise ParseError("JSON parse error - nested too deeply") from None
+
+
 class FastJSONParser(JSONParser):
     def parse(self, stream, media_type=None, parser_context=None):
-        try:
-            return json.loads(stream.read(), parse_constant=_refuse_constant)
-        except ValueError as error:  # also UnicodeDecodeError
-            raise ParseError(f"JSON parse error - {error}") from None
-        except RecursionError:  # nesting deeper than Python's stack (about 1,000 levels)
-            raise ParseError("JSON parse error - nested too deeply") from None
+        return loads(stream.read())

@@ -11,34 +11,23 @@ Python's json, which reads NaN and Infinity: both are refused here as costs.
 
 from __future__ import annotations
 
-import io
 import math
 from typing import Any, NamedTuple
 
 from core.params import LARGEST_NUMBER
 
 from .errors import invalid
-from .parsers import FastJSONParser
+from .parsers import loads
 
 MAX_KEY_LENGTH = 256
 MAX_HOLD = 86_400.0
 
 
-_PARSER = FastJSONParser()
-
-
 def read_json(request) -> Any:
-    """A JSON body, read as DRF's `request.data` reads it (Request._load_stream and _parse)
-    for the lean path: {} when Content-Length is missing or 0; else FastJSONParser's reading
-    of the stream (ParseError when it is not JSON)."""
-    meta = request.META
-    try:
-        length = int(meta.get("CONTENT_LENGTH", meta.get("HTTP_CONTENT_LENGTH", 0)))
-    except (ValueError, TypeError):
-        length = 0
-    if length == 0:
-        return {}
-    return _PARSER.parse(request if not request._read_started else io.BytesIO(request.body))
+    """A Django request's JSON body, as DRF's `request.data` reads it: {} when there is
+    none; else the parsers' reading of it (ParseError when it is not JSON)."""
+    raw = request.body
+    return loads(raw) if raw else {}
 
 
 class DecisionRequest(NamedTuple):
@@ -48,7 +37,9 @@ class DecisionRequest(NamedTuple):
     dry_run: bool
 
 
-def _number(value: Any, field: str, allow_zero: bool = False) -> float:
+def number(value: Any, field: str, allow_zero: bool = False) -> float:
+    """`value` as a cost-like number: finite, greater than 0 (or 0 with `allow_zero`), at most
+    LARGEST_NUMBER; else a 400 naming `field`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise invalid(field, f"must be a number, not {_kind(value)}")
     # The bounds first: math.isfinite() raises OverflowError on an int past a float's range.
@@ -122,7 +113,7 @@ def parse_decision(data: Any, policy, path: str = "") -> DecisionRequest:
     if "keys" not in data:
         raise invalid(f"{path}keys", "this field is required")
     keys = parse_keys(data["keys"], policy.levels, f"{path}keys")
-    cost = _number(data["cost"], f"{path}cost") if "cost" in data else 1
+    cost = number(data["cost"], f"{path}cost") if "cost" in data else 1
     priority = parse_priority(data.get("priority"), policy.priorities, f"{path}priority")
     dry_run = data.get("dry_run", False)
     if not isinstance(dry_run, bool):
@@ -159,11 +150,11 @@ def parse_reservation(data: Any, policy) -> tuple[dict, float, str | None, float
     if "keys" not in data:
         raise invalid("keys", "this field is required")
     keys = parse_keys(data["keys"], policy.levels)
-    cost = _number(data["cost"], "cost") if "cost" in data else 1
+    cost = number(data["cost"], "cost") if "cost" in data else 1
     priority = parse_priority(data.get("priority"), policy.priorities)
     hold = data.get("hold")
     if hold is not None:
-        hold = _number(hold, "hold")
+        hold = number(hold, "hold")
         if hold > MAX_HOLD:
             raise invalid("hold", f"must be at most {MAX_HOLD:.0f} seconds")
     return keys, cost, priority, hold
@@ -176,4 +167,4 @@ def parse_settlement(data: Any, required: bool) -> float | None:
         return None
     if "actual_cost" not in data:
         raise invalid("actual_cost", "this field is required")
-    return _number(data["actual_cost"], "actual_cost", allow_zero=True)
+    return number(data["actual_cost"], "actual_cost", allow_zero=True)

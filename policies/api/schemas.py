@@ -107,7 +107,16 @@ class RuleFinding(serializers.Serializer):
     remaining = serializers.FloatField(allow_null=True)
 
 
-class Decision(DecisionFields):
+class GatewayDecision(DecisionFields):
+    lease = serializers.CharField(
+        allow_null=True,
+        help_text="The concurrency slot this decision holds, when it took one: hand it back with "
+        "POST /api/v1/leases/{lease}/release when the work is done (else it comes back when its "
+        "lease runs out). null when it holds none.",
+    )
+
+
+class Decision(GatewayDecision):
     dry_run = serializers.BooleanField(required=False)
     rules = RuleFinding(many=True, required=False, help_text="Dry runs only: every rule's wait and room.")
 
@@ -119,7 +128,7 @@ class BatchRequest(serializers.Serializer):
 
 
 class BatchAnswer(serializers.Serializer):
-    decisions = DecisionFields(many=True)
+    decisions = GatewayDecision(many=True)
 
 
 @extend_schema_field({"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": MAX_HOLD})
@@ -156,6 +165,12 @@ class Settlement(serializers.Serializer):
     refunded = serializers.FloatField()
     charged = serializers.FloatField()
     released = serializers.IntegerField()
+
+
+class LeaseRelease(serializers.Serializer):
+    id = serializers.CharField()
+    status = serializers.ChoiceField(["released"])
+    released = serializers.IntegerField(help_text="How many concurrency rules gave a slot back.")
 
 
 # --- the operators' read-outs ---------------------------------------------------------------

@@ -2,11 +2,17 @@
 
 from django.urls import path
 
-from . import crud, decisions, inspection, whatif
+from . import authz, crud, decisions, inspection, rls, whatif
 
 urlpatterns = [
     path("decisions", decisions.DecisionView.as_view(), name="api-decisions"),
     path("decisions/batch", decisions.BatchView.as_view(), name="api-decisions-batch"),
+    # envoyproxy/ratelimit's JSON contract (docs/GATEWAYS.md).
+    path("rls/json", rls.RlsJsonView.as_view(), name="api-rls-json"),
+    path("leases/<str:lease>/release", decisions.LeaseReleaseView.as_view(), name="api-lease-release"),
+    # Forward-auth: gateways may append the request's path; any path below answers the same.
+    path("authz", authz.AuthzView.as_view(), name="api-authz"),
+    path("authz/<path:rest>", authz.AuthzView.as_view(schema=authz.BELOW), name="api-authz-below"),
     path("reservations", decisions.ReservationView.as_view(), name="api-reservations"),
     path("reservations/<str:reservation_id>/commit", decisions.CommitView.as_view(), name="api-reservation-commit"),
     path("reservations/<str:reservation_id>/cancel", decisions.CancelView.as_view(), name="api-reservation-cancel"),

@@ -27,6 +27,8 @@ BUCKET = {"type": "token_bucket", "capacity": 5, "per_second": 1}
 
 # A URL to ask for each route with parameters (or a query it needs to be a valid request).
 SAMPLE_URLS = {
+    "/api/v1/leases/<str:lease>/release": "/api/v1/leases/no-such-lease/release",
+    "/api/v1/authz/<path:rest>": "/api/v1/authz/some/path",
     "/api/v1/reservations/<str:reservation_id>/commit": "/api/v1/reservations/no-such-reservation/commit",
     "/api/v1/reservations/<str:reservation_id>/cancel": "/api/v1/reservations/no-such-reservation/cancel",
     "/api/v1/buckets": "/api/v1/buckets?level=team&key=acme",
@@ -53,8 +55,18 @@ BODIES = {
     ("POST", "/api/v1/decisions"): {"keys": ACME},
     ("POST", "/api/v1/decisions/batch"): {"requests": [{"keys": ACME}, {"keys": ACME, "cost": 2}]},
     ("POST", "/api/v1/reservations"): {"keys": ACME, "cost": 1},
+    ("POST", "/api/v1/rls/json"): {
+        "domain": "limiter",
+        "descriptors": [{"entries": [{"key": "team", "value": "acme"}]}],
+    },
     ("POST", "/api/v1/reservations/<str:reservation_id>/commit"): {"actual_cost": 1},
     ("POST", "/api/v1/reservations/<str:reservation_id>/cancel"): {},
+    ("POST", "/api/v1/leases/<str:lease>/release"): {},
+    **{
+        (method, route): {}
+        for method in ("POST", "PUT", "PATCH")
+        for route in ("/api/v1/authz", "/api/v1/authz/<path:rest>")
+    },
     ("POST", "/api/v1/tiers"): {"name": "gold", "rules": {"user": [BUCKET]}},
     ("PUT", "/api/v1/tiers/<str:name>"): {"name": "pro", "rules": {"user": [BUCKET]}, "version": 1},
     ("PATCH", "/api/v1/tiers/<str:name>"): {"rules": {"team": [BUCKET]}, "version": 1},
@@ -96,6 +108,7 @@ BODIES = {
 # Where the table says `yes`, the API serves these requests with a 2xx, but for samples that
 # name a reservation that does not exist, or a row still in use.
 SERVED_OTHERWISE = {
+    ("POST", "/api/v1/leases/<str:lease>/release"): 404,
     ("POST", "/api/v1/reservations/<str:reservation_id>/commit"): 404,
     ("POST", "/api/v1/reservations/<str:reservation_id>/cancel"): 404,
     ("DELETE", "/api/v1/tiers/<str:name>"): 409,  # the default tier, with tenants
@@ -140,11 +153,16 @@ def caller_client(caller: str, world) -> APIClient:
     return client
 
 
+# Forward-auth reads its request from headers.
+AUTHZ_HEADERS = {"HTTP_X_LIMITER_USER": "u1", "HTTP_X_LIMITER_TEAM": "acme"}
+
+
 def call(client: APIClient, method: str, url: str, route: str):
     body = BODIES.get((method, route))
     if route.startswith("/api/"):
+        extra = AUTHZ_HEADERS if route.startswith("/api/v1/authz") else {}
         return client.generic(
-            method, url, data="" if body is None else json.dumps(body), content_type="application/json"
+            method, url, data="" if body is None else json.dumps(body), content_type="application/json", **extra
         )
     if method == "GET":
         return client.get(url)
@@ -243,9 +261,16 @@ def test_each_route_has_one_row():
     assert sorted({path for path in paths if paths.count(path) > 1}) == []
 
 
+# API routes the OpenAPI schema leaves out on purpose, each served by a gateway view with no
+# describing view: envoyproxy/ratelimit's JSON contract, whose one-decision rules (a level in
+# each descriptor, one key per level, one cost) no JSON schema can state (docs/GATEWAYS.md).
+NOT_IN_SCHEMA = {"/api/v1/rls/json": {"POST"}}
+
+
 def test_the_api_rows_name_exactly_the_methods_of_the_schema():
     documented = {row.path: set(row.methods) for row in ROWS if row.path.startswith("/api/v1/")}
-    assert documented == schema_operations()
+    assert documented == schema_operations() | NOT_IN_SCHEMA
+    assert not set(NOT_IN_SCHEMA) & set(schema_operations())
 
 
 def test_every_api_row_that_lets_anyone_in_has_a_valid_request_to_send():

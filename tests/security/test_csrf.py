@@ -20,6 +20,11 @@ BUCKET = {"type": "token_bucket", "capacity": 5, "per_second": 1}
 UNSAFE_API_CALLS = [
     ("post", "/api/v1/decisions", {"keys": ACME}),
     ("post", "/api/v1/decisions/batch", {"requests": [{"keys": ACME}]}),
+    (
+        "post",
+        "/api/v1/rls/json",
+        {"domain": "limiter", "descriptors": [{"entries": [{"key": "team", "value": "acme"}]}]},
+    ),
     ("post", "/api/v1/reservations", {"keys": ACME, "cost": 1}),
     ("post", "/api/v1/tiers", {"name": "gold", "rules": {"user": [BUCKET]}}),
     ("patch", "/api/v1/tiers/pro", {"version": 1, "rules": {"team": [BUCKET]}}),

@@ -1,0 +1,238 @@
+"""Real nginx (Debian nginx-light) and Caddy (Debian caddy) for the forward-auth tests and
+benchmarks, configured from docs/GATEWAYS.md, and a small upstream that counts what reaches
+it. Loopback ports only; everything started here stops with its context.
+
+    with Upstream() as upstream, Nginx(limiter_port, upstream.port, token) as nginx:
+        status, headers, body = request(nginx.port, "GET", "/", {"X-Limiter-Team": "acme"})
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from tests.serving import ROOT, free_port
+
+GATEWAYS = ROOT / "docs" / "GATEWAYS.md"
+STARTUP_TIMEOUT = 20.0
+
+
+def documented(name: str) -> str:
+    """The fenced block that follows `<!-- tested: name -->` in docs/GATEWAYS.md."""
+    found = re.search(rf"<!-- tested: {re.escape(name)} -->\n```\w*\n(.*?)\n```", GATEWAYS.read_text(), re.S)
+    if found is None:
+        raise LookupError(f"no block marked 'tested: {name}' in {GATEWAYS}")
+    return found.group(1) + "\n"
+
+
+def fill(text: str, values: dict) -> str:
+    """`${NAME}` placeholders filled in; every value must have its placeholder, and no
+    `${...}` may be left (nginx's own `$variables` stay as they are)."""
+    for name in values:
+        if "${" + name + "}" not in text:
+            raise LookupError(f"no ${{{name}}} in the documented configuration")
+    filled = string.Template(text).safe_substitute({name: str(value) for name, value in values.items()})
+    left = re.findall(r"\$\{\w+\}", filled)
+    if left:
+        raise LookupError(f"placeholders the tests do not fill: {left}")
+    return filled
+
+
+def request(
+    port: int, method: str, path: str, headers: dict | None = None, connection: http.client.HTTPConnection | None = None
+) -> tuple[int, dict, bytes]:
+    """One HTTP request to loopback: (status, header fields by lower-case name, body)."""
+    own = connection is None
+    connection = connection or http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request(method, path, headers=headers or {})
+        response = connection.getresponse()
+        body = response.read()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, body
+    finally:
+        if own:
+            connection.close()
+
+
+class Upstream:
+    """An HTTP server that answers 200 to anything, with the request's x-limiter-* header
+    fields as its JSON body, and counts the requests that reached it by path (`hits`)."""
+
+    def __init__(self) -> None:
+        self.hits: dict[str, int] = {}
+        lock = threading.Lock()
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                # Head and body go out in two writes: without this, Nagle holds the body.
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def answer(self) -> None:
+                with lock:
+                    upstream.hits[self.path] = upstream.hits.get(self.path, 0) + 1
+                seen = {k.lower(): v for k, v in self.headers.items() if k.lower().startswith("x-limiter")}
+                body = json.dumps(seen).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = answer  # noqa: N815  (http.server's names)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Upstream:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Gateway:
+    """A gateway process on a free loopback port, started with the documented configuration
+    (`config`: the file it reads), stopped with its context."""
+
+    name = ""
+
+    def __init__(self, limiter_port: int, upstream_port: int, token: str) -> None:
+        self.port = free_port()
+        self.directory = tempfile.TemporaryDirectory(prefix=f"{self.name}-")
+        self.home = Path(self.directory.name)
+        self.values = {
+            "LISTEN_PORT": self.port,
+            "LIMITER_PORT": limiter_port,
+            "UPSTREAM_PORT": upstream_port,
+            "LIMITER_TOKEN": token,
+        }
+        self.process: subprocess.Popen | None = None
+
+    def command(self) -> tuple[list[str], dict]:
+        raise NotImplementedError
+
+    def start(self) -> Gateway:
+        command, env = self.command()
+        self.log_path = self.home / "gateway.log"
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.home, start_new_session=True
+            )
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited at start-up:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return self
+            except OSError:
+                time.sleep(0.02)  # start-up polling, not an edge under test
+        self.stop()
+        raise RuntimeError(f"{self.name} not listening within {STARTUP_TIMEOUT} s:\n{self.log_path.read_text()}")
+
+    def get(self, path: str = "/", headers: dict | None = None) -> tuple[int, dict, bytes]:
+        return request(self.port, "GET", path, headers)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.process = None
+
+    def __enter__(self) -> Gateway:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self.directory.cleanup()
+
+
+# What a deployment's nginx.conf holds around the documented block (which goes in `http {}`):
+# here foreground, one worker, every path under the test's own directory.
+NGINX_MAIN = """daemon off;
+worker_processes 1;
+pid {home}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    client_body_temp_path {home}/body;
+    proxy_temp_path {home}/proxy;
+    fastcgi_temp_path {home}/fastcgi;
+    uwsgi_temp_path {home}/uwsgi;
+    scgi_temp_path {home}/scgi;
+{server}
+}}
+"""
+
+
+class Nginx(Gateway):
+    """nginx (`auth_request`), as docs/GATEWAYS.md configures it."""
+
+    name = "nginx"
+
+    def command(self) -> tuple[list[str], dict]:
+        config = self.home / "nginx.conf"
+        server = fill(documented("nginx.conf"), self.values)
+        config.write_text(NGINX_MAIN.format(home=self.home, server=server))
+        binary = shutil.which("nginx") or "/usr/sbin/nginx"
+        return [binary, "-p", str(self.home), "-c", str(config), "-e", "stderr"], dict(os.environ)
+
+
+# What a deployment's Caddyfile holds before the documented site: no admin endpoint (several
+# Caddys at once), plain HTTP on loopback.
+CADDY_GLOBAL = """{
+	admin off
+	auto_https off
+	skip_install_trust
+	log {
+		level WARN
+	}
+}
+
+"""
+
+
+class Caddy(Gateway):
+    """Caddy (`forward_auth`), as docs/GATEWAYS.md configures it."""
+
+    name = "caddy"
+
+    def command(self) -> tuple[list[str], dict]:
+        config = self.home / "Caddyfile"
+        config.write_text(CADDY_GLOBAL + fill(documented("Caddyfile"), self.values))
+        env = {
+            **os.environ,
+            "HOME": str(self.home),
+            "XDG_CONFIG_HOME": str(self.home / "config"),
+            "XDG_DATA_HOME": str(self.home / "data"),
+        }
+        binary = shutil.which("caddy") or "/usr/bin/caddy"
+        return [binary, "run", "--config", str(config), "--adapter", "caddyfile"], env

@@ -1,0 +1,143 @@
+"""`manage.py serve_rls`, and gunicorn serving gRPC beside the REST API as `make run` does
+(RLS_BIND): one store for both, the in-process one included; one Ctrl-C stops both."""
+
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+
+from tests.policies.conftest import POLICY
+from tests.serving import ROOT, Service, free_port
+
+Response = rls_pb2.RateLimitResponse
+
+
+def team_policy(limit: int) -> dict:
+    policy = copy.deepcopy(POLICY)
+    policy["tiers"]["free"]["team"] = [{"type": "fixed_window", "limit": limit, "window": 3600}]
+    return policy
+
+
+def should_rate_limit(port: int, team: str = "t1", hits: int = 0):
+    entry = ratelimit_pb2.RateLimitDescriptor.Entry(key="team", value=team)
+    request = rls_pb2.RateLimitRequest(
+        domain="limiter", descriptors=[ratelimit_pb2.RateLimitDescriptor(entries=[entry])], hits_addend=hits
+    )
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        return rls_pb2_grpc.RateLimitServiceStub(channel).ShouldRateLimit(request, timeout=10, wait_for_ready=True)
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_gunicorn_serves_grpc_and_rest_from_one_in_process_store_and_one_ctrl_c_stops_both():
+    rls = free_port()
+    with Service(team_policy(6), extra_env={"RLS_BIND": f"127.0.0.1:{rls}"}) as service:
+        assert should_rate_limit(rls, hits=3).overall_code == Response.OK
+        status, body = service.post("/api/v1/decisions", {"keys": {"team": "t1"}, "cost": 2})
+        assert status == 200 and body["allowed"] and body["remaining"] == 1
+        assert should_rate_limit(rls).overall_code == Response.OK
+        assert should_rate_limit(rls).overall_code == Response.OVER_LIMIT
+        status, body = service.post("/api/v1/decisions", {"keys": {"team": "t1"}})
+        assert status == 200 and not body["allowed"]
+        # Ctrl-C in a terminal: SIGINT to the whole process group.
+        os.killpg(service.process.pid, signal.SIGINT)
+        assert service.process.wait(15) == 0
+        assert not listening(rls) and not listening(service.port)
+
+
+def test_an_empty_rls_bind_serves_no_grpc():
+    rls = free_port()
+    with Service(team_policy(6), extra_env={"RLS_BIND": ""}) as service:
+        assert service.get("/healthz")[0] == 200
+        assert not listening(rls)
+
+
+@pytest.fixture
+def database():
+    """A migrated database with the policy loaded, for a manage.py of its own."""
+    service = Service(team_policy(2))
+    service.manage("migrate", "--noinput")
+    path = os.path.join(service.directory.name, "policy.json")
+    with open(path, "w") as out:
+        json.dump(service.policy, out)
+    service.manage("loadpolicies", path)
+    yield service
+    service.directory.cleanup()
+
+
+def test_serve_rls_serves_until_interrupted(database):
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "serve_rls", "--bind", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        env=database.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout.readline().strip() == f"Envoy's rate limit service (gRPC) on 127.0.0.1:{port}"
+        codes = [should_rate_limit(port).overall_code for _ in range(3)]
+        assert codes == [Response.OK, Response.OK, Response.OVER_LIMIT]
+        process.send_signal(signal.SIGINT)
+        assert process.wait(15) == 0
+        assert "this process counts alone" in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_serve_rls_on_a_taken_port_exits_non_zero_naming_it(database):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "manage.py", "serve_rls", "--bind", f"127.0.0.1:{port}"],
+            cwd=ROOT,
+            env=database.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode != 0
+    assert f"cannot serve Envoy's rate limit service on '127.0.0.1:{port}'" in done.stderr
+
+
+def test_a_reload_keeps_grpc_served_by_the_new_worker():
+    rls = free_port()
+    with Service(team_policy(100), extra_env={"RLS_BIND": f"127.0.0.1:{rls}"}) as service:
+        assert should_rate_limit(rls).overall_code == Response.OK
+        [old] = service.worker_pids()
+        # SIGHUP: gunicorn replaces its worker; the new one serves gRPC on the same port.
+        os.kill(service.process.pid, signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (old in service.worker_pids() or not service.worker_pids()):
+            time.sleep(0.05)  # waiting for gunicorn's reload, not an edge under test
+        assert old not in service.worker_pids() and len(service.worker_pids()) == 1
+        assert should_rate_limit(rls).overall_code == Response.OK
+        assert "Worker failed to boot" not in service.read_log()
+
+
+@pytest.mark.parametrize("environment, passed", [({}, "RLS_BIND='127.0.0.1:8081'"), ({"RLS_BIND": ""}, "RLS_BIND=''")])
+def test_make_run_hands_gunicorn_rls_bind_by_default_and_empty_when_told(environment, passed):
+    env = {k: v for k, v in os.environ.items() if k != "RLS_BIND"} | environment
+    done = subprocess.run(["make", "-n", "run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    [line] = [line for line in done.stdout.splitlines() if "gunicorn limiter_admin.wsgi" in line]
+    assert line.startswith(passed + " ")
