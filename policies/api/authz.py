@@ -1,6 +1,7 @@
-"""Forward-auth: `/api/v1/authz` and any path below it, any method, for gateways that ask an
-HTTP endpoint about each request and act on its status (nginx `auth_request`, Traefik
-`ForwardAuth`, Caddy `forward_auth`, Envoy `ext_authz`, APISIX `forward-auth`).
+"""Forward-auth: `/api/v1/authz` and any path below it, any method but TRACE and CONNECT, for
+gateways that ask an HTTP endpoint about each request and act on its status (nginx
+`auth_request`, Traefik `ForwardAuth`, Caddy `forward_auth`, Envoy `ext_authz`, APISIX
+`forward-auth`).
 
 The request's headers say what to decide: each level's key in the header that
 LIMITER_AUTHZ_KEYS names for it (the global level's key is always `*`), the cost in
@@ -21,8 +22,9 @@ from typing import Any
 
 from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 
+from core.params import LARGEST_NUMBER
 from policies.compile import GLOBAL_LEVEL, TENANT_LEVEL, policy_cache
 from policies.headers import retry_after_header
 from policies.leases import lease_id
@@ -33,6 +35,7 @@ from .errors import invalid
 from .gateway import Answer, Call, GatewayView, described
 from .observe import record
 from .requests import MAX_KEY_LENGTH, number, parse_priority
+from .schema_hooks import names_of
 
 COST_HEADER = "X-Limiter-Cost"
 PRIORITY_HEADER = "X-Limiter-Priority"
@@ -62,29 +65,49 @@ def authz_keys_problems(mapping: Any) -> list[str]:
     return problems
 
 
-_HEADERS = [
-    OpenApiParameter(header, OpenApiTypes.STR, OpenApiParameter.HEADER, required=True, description=f"The {level} key.")
-    for level, header in {"user": "X-Limiter-User", "team": "X-Limiter-Team"}.items()
-] + [
-    OpenApiParameter(
-        COST_HEADER, OpenApiTypes.NUMBER, OpenApiParameter.HEADER, description="Greater than 0; default 1."
-    ),
-    OpenApiParameter(PRIORITY_HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER, description="A priority class."),
-    OpenApiParameter(
-        "deny_status", OpenApiTypes.INT, OpenApiParameter.QUERY, enum=list(DENY_STATUSES), description="Default 429."
-    ),
-]
+def _header_parameters() -> list[OpenApiParameter]:
+    """The request's header fields as the schema describes them: the key headers this
+    deployment's LIMITER_AUTHZ_KEYS names (settings do not change while it runs)."""
+    mapping = settings.LIMITER_AUTHZ_KEYS if not authz_keys_problems(settings.LIMITER_AUTHZ_KEYS) else {}
+    key = {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH, "pattern": r"^\S(.*\S)?$"}
+    cost = {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": LARGEST_NUMBER}
+    return [
+        *(
+            OpenApiParameter(header, key, OpenApiParameter.HEADER, required=True, description=f"The {level} key.")
+            for level, header in mapping.items()
+        ),
+        OpenApiParameter(COST_HEADER, cost, OpenApiParameter.HEADER, description="Greater than 0; absent: 1."),
+        OpenApiParameter(
+            PRIORITY_HEADER,
+            names_of("priority"),
+            OpenApiParameter.HEADER,
+            description="A priority class; absent: none.",
+        ),
+        OpenApiParameter(
+            "deny_status",
+            OpenApiTypes.INT,
+            OpenApiParameter.QUERY,
+            enum=list(DENY_STATUSES),
+            description="Default 429.",
+        ),
+    ]
 
 
 _DESCRIPTION: dict[str, Any] = {
     "request": None,
-    "parameters": _HEADERS,
+    "parameters": _header_parameters(),
     "responses": {
         200: OpenApiResponse(description="Allowed: RateLimit fields; X-Limiter-Lease (empty: no slot)."),
         429: OpenApiResponse(schemas.DecisionFields, description="Denied: Retry-After, RateLimit fields."),
         **schemas.ERRORS,
         403: OpenApiResponse(
-            schemas.Error, description="The credentials lack the scope; or, with deny_status=403, denied."
+            PolymorphicProxySerializer(
+                component_name="AuthzForbidden",
+                serializers=[schemas.DecisionFields, schemas.Error],
+                resource_type_field_name=None,
+            ),
+            description="With deny_status=403, denied: the decision, X-Limiter-Retry-After, the RateLimit "
+            "fields. Or the credentials lack the scope: the error shape.",
         ),
     },
     "summary": "Forward-auth: may this request go? (any method)",
@@ -103,7 +126,8 @@ BELOW = described(
 class AuthzView(GatewayView):
     """Forward-auth: one decision from the request's headers, answered by status."""
 
-    methods = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT")
+    # Every method a request through a gateway has; not TRACE or CONNECT, which gateways do not forward.
+    methods = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
     endpoint = "authz"
     negotiate = False  # the client's Accept reaches us; the answer is a status
     reads_json = False  # the client's body is not ours to read
@@ -115,7 +139,7 @@ class AuthzView(GatewayView):
         policy = policy_cache().current()
         keys = _keys(meta, policy.levels)
         cost = _cost(meta.get(_meta_name(COST_HEADER)))
-        priority = parse_priority(meta.get(_meta_name(PRIORITY_HEADER)) or None, policy.priorities, PRIORITY_HEADER)
+        priority = parse_priority(meta.get(_meta_name(PRIORITY_HEADER)), policy.priorities, PRIORITY_HEADER)
         limiter = policy_cache().limiter_for(keys.get(TENANT_LEVEL))
         decision = limiter.acquire(keys, cost, priority)
         record(keys, decision, cost, priority)
@@ -169,7 +193,7 @@ def _keys(meta, levels: tuple[str, ...]) -> dict[str, str]:
 
 
 def _cost(raw: str | None) -> float:
-    if raw is None or raw == "":
+    if raw is None:
         return 1
     try:
         value = float(raw.strip())

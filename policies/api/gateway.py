@@ -121,7 +121,8 @@ class GatewayView(View):
         return found
 
     def caller(self, request: HttpRequest) -> Call:
-        """The checks before `answer`, in DRF's order: method, credentials, scope, media types."""
+        """The checks before `answer`, in this order: method, credentials (CSRF for a session),
+        scope, Accept, Content-Type."""
         method = request.method or ""
         if method not in self.methods:
             raise exceptions.MethodNotAllowed(method)

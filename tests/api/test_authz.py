@@ -89,14 +89,15 @@ def test_a_missing_key_header_is_a_400_naming_it(api, token, header):
     assert error(response)["code"] == "invalid" and list(error(response)["fields"]) == [name]
 
 
-@pytest.mark.parametrize("cost", ["abc", "-1", "0", "nan", "inf", "1e400", "1e16", "0x10"])
+@pytest.mark.parametrize("cost", ["abc", "-1", "0", "nan", "inf", "1e400", "1e16", "0x10", ""])
 def test_a_bad_cost_is_a_400_naming_the_header(api, token, cost):
     response = ask(token, HTTP_X_LIMITER_COST=cost, **HEADERS)
     assert response.status_code == 400 and list(error(response)["fields"]) == ["X-Limiter-Cost"]
 
 
-def test_an_unknown_priority_is_a_400_naming_the_header(api, token):
-    response = ask(token, HTTP_X_LIMITER_PRIORITY="vip", **HEADERS)
+@pytest.mark.parametrize("priority", ["vip", ""])
+def test_an_unknown_priority_is_a_400_naming_the_header(api, token, priority):
+    response = ask(token, HTTP_X_LIMITER_PRIORITY=priority, **HEADERS)
     assert response.status_code == 400 and list(error(response)["fields"]) == ["X-Limiter-Priority"]
 
 
@@ -189,3 +190,8 @@ def test_the_decision_is_counted_and_timed(api, token):
     ask(token, **HEADERS)
     assert sample("limiter_decisions_total", {"result": "allowed", "level": "", "reason": "OK"}) == allowed + 1
     assert sample("limiter_decision_seconds_count", {"endpoint": "authz"}) == timed + 1
+
+
+def test_trace_is_a_405(api, token):
+    response = ask(token, method="TRACE", **HEADERS)
+    assert response.status_code == 405 and "TRACE" not in response["Allow"]

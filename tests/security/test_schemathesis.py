@@ -15,6 +15,7 @@ from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections, transaction
 from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import negative_data_rejection
 
 from .conftest import make_token
 
@@ -74,4 +75,10 @@ def afresh(live_schema):
 )
 def test_every_operation_passes_every_check(case, token, afresh):
     afresh(case.operation.label)
-    case.call_and_validate(headers={"Authorization": f"Bearer {token}"})
+    excluded = []
+    if case.operation.path.startswith("/api/v1/authz"):
+        # Forward-auth reads its request from header fields and receives every other field
+        # the client sent: an unknown header is not bad input there (schemathesis adds one to
+        # make a request "invalid"). Its bad input is tested in tests/api/test_authz.py.
+        excluded.append(negative_data_rejection)
+    case.call_and_validate(headers={"Authorization": f"Bearer {token}"}, excluded_checks=excluded)
