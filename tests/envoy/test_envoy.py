@@ -64,10 +64,10 @@ def envoy(limiter, upstream):
 
 
 def test_a_team_limit_of_n_lets_exactly_n_of_3n_requests_through(envoy, upstream):
-    before = upstream.hits
+    before = upstream.total
     answers = [envoy.get("/work", {"x-limiter-team": "t-exact"}) for _ in range(3 * N)]
     assert [status for status, _, _ in answers] == [200] * N + [429] * (2 * N)
-    assert upstream.hits - before == N
+    assert upstream.total - before == N
     for _, headers, _ in answers[N:]:
         assert int(headers["retry-after"]) > 0
         assert headers["ratelimit-policy"] == f'"team:fixed_window";q={N};w=3600, "global:token_bucket";q=100000;w=10'
@@ -113,10 +113,10 @@ def test_without_a_team_header_the_global_level_alone_decides(envoy, upstream):
 def test_a_wrong_token_is_refused_by_the_service_and_envoy_fails_open(limiter, upstream):
     _, rls = limiter
     with Envoy(rls, upstream.port, token="la_wrong_token") as envoy:
-        before = upstream.hits
+        before = upstream.total
         answers = [envoy.get("/", {"x-limiter-team": "t-token"})[0] for _ in range(N + 2)]
     # UNAUTHENTICATED is a failed call: failure_mode_deny false lets every request through.
-    assert answers == [200] * (N + 2) and upstream.hits - before == N + 2
+    assert answers == [200] * (N + 2) and upstream.total - before == N + 2
 
 
 @pytest.mark.parametrize("deny, expected", [(False, 200), (True, 503)])
@@ -126,10 +126,10 @@ def test_with_the_limiter_stopped_envoy_does_what_failure_mode_deny_says(upstrea
         with Envoy(rls, upstream.port, failure_mode_deny=deny, token=service.token) as envoy:
             assert [envoy.get("/", {"x-limiter-team": "t-down"})[0] for _ in range(N + 1)] == [200] * N + [429]
             service.stop()
-            before = upstream.hits
+            before = upstream.total
             status, _, _ = envoy.get("/", {"x-limiter-team": "t-down"})
             assert status == expected
-            assert upstream.hits - before == (1 if expected == 200 else 0)
+            assert upstream.total - before == (1 if expected == 200 else 0)
     finally:
         service.stop()
         service.directory.cleanup()

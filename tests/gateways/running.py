@@ -104,6 +104,11 @@ class Upstream:
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
+    @property
+    def total(self) -> int:
+        """The requests that reached it, whatever their path."""
+        return sum(self.hits.values())
+
     def __enter__(self) -> Upstream:
         self.thread.start()
         return self
