@@ -77,9 +77,11 @@ class SlotMap:
     """Which primary holds each of the 16,384 slots, as "host:port": from CLUSTER SHARDS (or,
     on a server older than 7, CLUSTER SLOTS), asked of the first node that answers."""
 
-    def __init__(self, startup: Sequence[tuple[str, int]], timeout: float) -> None:
+    def __init__(
+        self, startup: Sequence[tuple[str, int]], timeout: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.owners: list[str | None] = [None] * SLOTS
-        self.timeout = timeout
+        self.timeout, self.clock = timeout, clock
         self._ask = [f"{host}:{port}" for host, port in startup]  # whom to ask, known nodes first
         self._lock = threading.Lock()
         self._refreshed = -REFRESH_EVERY
@@ -94,8 +96,9 @@ class SlotMap:
         try:
             if wait and self._refreshed != seen:
                 return True  # another thread read them while this one waited
-            if not wait and time.monotonic() - self._refreshed < REFRESH_EVERY:
-                return False
+            if not wait and self.clock() - self._refreshed < REFRESH_EVERY:
+                return False  # not a read: the time of the last read stays (failures come faster)
+            self._refreshed = self.clock()
             for node in sorted(self._ask, key=lambda name: name == failed):
                 ranges = self._read(node)
                 if ranges is None:
@@ -108,7 +111,6 @@ class SlotMap:
                 return True
             return False
         finally:
-            self._refreshed = time.monotonic()
             self._lock.release()
 
     def moved(self, slot: int, owner: str) -> None:

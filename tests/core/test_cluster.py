@@ -371,3 +371,31 @@ def test_the_slot_map_read_from_the_cluster_sends_each_key_to_the_primary_that_h
     probe.close()
     assert store.node_of(keys[0]) == f"{owner.host}:{owner.port}"
     assert len(store.router.slots.primaries()) == 3
+
+
+def test_failures_faster_than_the_refresh_interval_still_read_the_slots_again_every_interval(redis_cluster_url):
+    """Failures come faster than REFRESH_EVERY while a primary is down: each may skip a read,
+    but none may put the next one off, or the slots are never read again and the shards of a
+    primary that failed over stay down."""
+    from core.stores.cluster import REFRESH_EVERY, SlotMap, parse_cluster_url
+
+    clock = ManualClock(100.0)
+
+    class Counted(SlotMap):
+        reads = 0
+
+        def _read(self, node):
+            Counted.reads += 1
+            return super()._read(node)
+
+    slots = Counted(parse_cluster_url(redis_cluster_url), 1.0, clock)
+    assert slots.refresh() is True and Counted.reads == 1
+    read_at = clock.now
+    for _ in range(5):  # a failure every fifth of the interval
+        clock.now += REFRESH_EVERY / 5
+        if clock.now - read_at < REFRESH_EVERY:
+            assert slots.refresh(failed="127.0.0.1:1") is False
+    clock.now = read_at + REFRESH_EVERY * 1.2
+    assert slots.refresh(failed="127.0.0.1:1") is True
+    assert Counted.reads == 2
+    assert len(slots.primaries()) == 3
