@@ -222,7 +222,13 @@ def _datetime(value: Any, path: str) -> dt.datetime | None:
     moment = value if isinstance(value, dt.datetime) else parse_datetime(value) if isinstance(value, str) else None
     if moment is None:
         raise ConfigError("must be a date and time like 2026-12-31T00:00:00Z", path)
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=dt.UTC)
+    # Kept in UTC: PostgreSQL refuses offsets past 15:59 that Python parses (-21:00).
+    try:
+        return moment.astimezone(dt.UTC)
+    except OverflowError:
+        raise ConfigError("is out of range once in UTC", path) from None
 
 
 # Loading ----------------------------------------------------------------------------------

@@ -112,6 +112,11 @@ def test_the_command_runs_as_a_process_and_exits_non_zero(tmp_path):
         (lambda p: p.update(default_tier="gold"), "default_tier", "unknown tier 'gold'"),
         (lambda p: p["tenants"]["acme"].update(tier="gold"), "tenants.acme.tier", "unknown tier"),
         (lambda p: p["tenants"]["bigco"].update(overrides_until="soon"), "tenants.bigco.overrides_until", "date"),
+        (
+            lambda p: p["tenants"]["bigco"].update(overrides_until="0001-01-01T00:00:00+05:00"),
+            "tenants.bigco.overrides_until",
+            "out of range",
+        ),
         (lambda p: p["priorities"]["batch"].update(levels=["region"]), "priorities.batch.levels[0]", "unknown level"),
         (lambda p: p["priorities"]["batch"].update(watermark=1.5), "priorities.batch.watermark", "up to"),
         (lambda p: p["levels"][2].update(fail_mode="maybe"), "levels[2].fail_mode", "must be one of"),
@@ -247,3 +252,13 @@ def test_load_policy_refuses_what_check_refuses(policy):
     with pytest.raises(ConfigError, match="tiers.pro.team"):
         load_policy(policy)
     assert not Tier.objects.exists()
+
+
+def test_an_expiry_with_any_offset_python_reads_is_kept_as_the_same_moment_in_utc(policy):
+    """PostgreSQL refuses offsets past 15:59 that Python parses: the loader keeps UTC."""
+    import datetime as dt
+
+    policy["tenants"]["bigco"]["overrides_until"] = "2042-01-13T09:14:50-21:00"
+    load_policy(policy)
+    kept = Tenant.objects.get(key="bigco").overrides_until
+    assert kept == dt.datetime(2042, 1, 14, 6, 14, 50, tzinfo=dt.UTC)
