@@ -10,6 +10,11 @@ WORKERS := $(if $(REDIS_URL),4,1)
 # Envoy's rate limit service (gRPC), served by gunicorn's workers beside the REST API, on the
 # same store (limiter_admin/gunicorn_conf.py). RLS_BIND= (empty) turns it off.
 RLS_BIND ?= 127.0.0.1:8081
+# Where the console and the REST API listen (127.0.0.1:PORT).
+PORT ?= 8000
+# With REDIS_URL, the gateways' own pool of workers listens here, apart from the console's
+# (bin/serve, docs/OPERATIONS.md); GATEWAY_BIND= (empty) serves both from one pool.
+GATEWAY_BIND ?= $(if $(REDIS_URL),127.0.0.1:8001,)
 
 # The Debian packages the tests need, installed by `make deps` when missing: the one list to
 # extend. The Redis tests start their own redis-server, the browser tests drive Chromium
@@ -37,11 +42,13 @@ $(STAMP): requirements.txt requirements-dev.txt
 	$(BIN)/pip install -r requirements-dev.txt
 	touch $@
 
-# ruff and mypy take their settings (and mypy its files) from pyproject.toml.
+# ruff, mypy and import-linter take their settings (and mypy its files) from pyproject.toml;
+# lint-imports checks the layers of docs/ARCHITECTURE.md.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 # Exit 5 is "no test selected": PYTEST_ARGS='-k name' may pick none of these directories.
 PYTEST_POSTGRES = $(BIN)/python -m pytest --database=postgres $(POSTGRES_TESTS) $(PYTEST_ARGS) || [ $$? -eq 5 ]
@@ -60,9 +67,9 @@ run: $(STAMP)
 # The demo policies, only into an empty store: operators' edits survive a restart.
 	$(BIN)/python manage.py loadpolicies --if-empty demo
 	$(BIN)/python manage.py ensureoperator
-# limiter_admin/gunicorn_conf.py: no control socket, /metrics adds up every worker, and each
-# worker serves gRPC on RLS_BIND. Ctrl-C stops gunicorn, and with it the gRPC service.
-	RLS_BIND='$(RLS_BIND)' $(BIN)/gunicorn limiter_admin.wsgi -c python:limiter_admin.gunicorn_conf -b 127.0.0.1:8000 -w $(WORKERS) --threads 8
+# bin/serve: gunicorn with limiter_admin/gunicorn_conf.py (no control socket, /metrics adds up
+# every worker, each worker serves gRPC on RLS_BIND), in one pool or two. Ctrl-C stops all.
+	PORT='$(PORT)' RLS_BIND='$(RLS_BIND)' GATEWAY_BIND='$(GATEWAY_BIND)' WORKERS='$(WORKERS)' BIN='$(BIN)' bin/serve
 
 bench: $(STAMP)
 	$(BIN)/python bench/engine.py

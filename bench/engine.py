@@ -6,13 +6,16 @@ side by side in one process with:
 - a plain, unlocked reference loop (a dict of tuples per rule: check every rule, then take
   from every rule), the shortest correct two-phase limiter, neither thread-safe nor bounded.
 
-Run: .venv/bin/python bench/engine.py [--decisions N] [--rounds R] [--tight] [--against CHECKOUT]
+Run: .venv/bin/python bench/engine.py [--decisions N] [--rounds R] [--tight] [--against CHECKOUT] [--quota]
 Each contender runs R rounds interleaved with the others, each in turn going first; the best
 round counts. A round is timed in CPU seconds of this process (time.process_time), so that
 other processes on a busy machine count for little, and starts after a garbage collection,
 so that no contender pays for the garbage of the round before. `--against CHECKOUT` adds the
 engine of another checkout (`git worktree add /tmp/before <commit>`) as one more contender, so
 that a change is measured against the code it changed, round by round in the same process.
+`--quota` adds our decision with a quota at the team level (a month's, in Europe/Berlin) in
+place of the team's token bucket, and with a soft quota beside it (which takes the decision off
+the compiled path: its decisions may name it), so that a quota's cost shows against a bucket's.
 
 Time is simulated, one decision every 10 microseconds (100,000 a second), and ours and
 the reference read the same timestamps, so both make exactly the same allow/deny
@@ -89,11 +92,25 @@ def workload(n: int) -> list[dict]:
     return [{"user": user, "team": team, "global": "*"} for user, team in picks]
 
 
+# The team level's rules in the --quota variants: a hard month's quota where the bucket was,
+# and the bucket with a soft quota beside it. The limits are far above the run's traffic.
+QUOTA = {"type": "quota", "limit": 10**12, "period": "month", "timezone": "Europe/Berlin"}
+QUOTA_VARIANTS = {
+    "ours: team quota for the team bucket": [QUOTA],
+    "ours: team bucket + soft quota": ["bucket", {**QUOTA, "mode": "soft"}],
+}
+
+
 def run_ours(
-    requests: list[dict], allowed: list | None = None, engine: tuple = (HierarchicalLimiter, MemoryStore)
+    requests: list[dict],
+    allowed: list | None = None,
+    engine: tuple = (HierarchicalLimiter, MemoryStore),
+    team: list | None = None,
 ) -> float:
     limiter_class, store_class = engine
     config = {level: [{"type": "token_bucket", "capacity": c, "per_second": r}] for level, (c, r) in LIMITS.items()}
+    if team is not None:  # the --quota variants: "bucket" stands for the team's token bucket
+        config["team"] = [config["team"][0] if rule == "bucket" else rule for rule in team]
     clock = iter(simulated_times(len(requests))).__next__
     acquire = limiter_class.from_config(config, store=store_class(), clock=clock).acquire
     start = cpu_seconds()
@@ -162,6 +179,9 @@ def main() -> None:
         "--tight", action="store_true", help="a user bucket of 20 at 10/s, so that about half are denied"
     )
     parser.add_argument(
+        "--quota", action="store_true", help="also time our decision with a quota at the team level (see above)"
+    )
+    parser.add_argument(
         "--against",
         metavar="CHECKOUT",
         help="also time the engine of another checkout (a worktree of an earlier commit), in this process",
@@ -179,6 +199,9 @@ def main() -> None:
     if args.against:
         other = engine_at(args.against)
         contenders["ours at --against"] = lambda r: run_ours(r, engine=other)
+    if args.quota:
+        for name, team in QUOTA_VARIANTS.items():
+            contenders[name] = lambda r, team=team: run_ours(r, team=team)
     best = {name: float("inf") for name in contenders}
     order = list(contenders.items())
     for i in range(args.rounds):

@@ -651,7 +651,7 @@ def ablations() -> dict[str, list[tuple[object, dict]]]:
     before, minus that work. `DRF_PATH` is the same decision through DRF's own dispatch."""
     from core import HierarchicalLimiter
     from policies.api import decisions
-    from policies.compile import TENANT_LEVEL
+    from policies.policy import TENANT_LEVEL
 
     cache = decisions.policy_cache()
     policy = cache.current()
@@ -713,7 +713,8 @@ def for_scale(call, singles: list[bytes], n: int) -> list[tuple[str, float, floa
     """Whole requests to a plain Django view (no DRF); limiter.acquire on its own (back to
     back, and between two bare requests, whose work leaves the caches cold); one EVALSHA
     round trip through redis-py and on a raw connection of the same pool."""
-    from policies.compile import TENANT_LEVEL, policy_cache
+    from policies.compile import policy_cache
+    from policies.policy import TENANT_LEVEL
 
     cache = policy_cache()
     limiter = cache.limiter_for(keys_of(0)[TENANT_LEVEL])
@@ -788,11 +789,12 @@ def print_ablations(whole: dict, batch: tuple[float, float], scale: list) -> Non
 OURS = [  # (a file of this repository, or a folder with its slash, its category)
     ("policies/tokens.py", "auth: token"),
     ("policies/api/auth.py", "auth: token"),
-    ("policies/api/requests.py", "parse_decision"),
+    ("policies/services/inputs.py", "parse_decision"),
     ("policies/compile.py", "policy cache"),
-    ("policies/api/answers.py", "decision body + RateLimit headers"),
+    ("policies/services/answers.py", "decision body + RateLimit headers"),
     ("policies/headers.py", "decision body + RateLimit headers"),
-    ("policies/api/observe.py", "record: metrics + denial stats"),
+    ("policies/services/recording.py", "record: metrics + denial stats"),
+    ("policies/telemetry.py", "record: metrics + denial stats"),
     ("core/stats/", "record: metrics + denial stats"),
     ("policies/api/decisions.py", "the view itself"),
     ("core/", "engine: limiter + Redis store"),

@@ -11,9 +11,13 @@ token bucket each, one FCALL), side by side against one redis-server in one proc
   takes, the floor of that path.
 
 Then the Redis memory per key: `INFO memory` used_memory before and after 100,000 keys made
-through our store, for a token bucket and, for comparison, a fixed window.
+through our store, for a token bucket and, for comparison, a fixed window and a day's quota.
 
-Run: .venv/bin/python bench/redis_store.py [--decisions N] [--rounds R] [--keys K] [--url URL]
+`--quota` adds our decision with a quota at the team level (a month's, in Europe/Berlin) in
+place of the team's token bucket, and with a soft quota beside the bucket: the period's bounds
+are computed in Python and handed to the script per call.
+
+Run: .venv/bin/python bench/redis_store.py [--decisions N] [--rounds R] [--keys K] [--url URL] [--quota]
 Without --url it starts its own redis-server on a free loopback port (no RDB, no AOF) and
 stops it at the end. The memory part empties the server (FLUSHALL), so with --url the server
 must be empty or --flush given.
@@ -59,8 +63,16 @@ RAW_LIBRARY = (
 MEMORY_RULES = {
     "token bucket": {"type": "token_bucket", "capacity": 100, "per_second": 1 / 600},
     "fixed window": {"type": "fixed_window", "limit": 100, "window": 86400},
+    "quota (day)": {"type": "quota", "limit": 100, "period": "day"},
 }
-EXPECTED_ENCODING = {"token bucket": "int", "fixed window": "embstr"}
+EXPECTED_ENCODING = {"token bucket": "int", "fixed window": "embstr", "quota (day)": "embstr"}
+# The team level's rules in the --quota variants: a hard month's quota where the bucket was,
+# and the bucket with a soft quota beside it. The limits are far above the run's traffic.
+QUOTA = {"type": "quota", "limit": 10**12, "period": "month", "timezone": "Europe/Berlin"}
+QUOTA_VARIANTS = {
+    "ours: team quota for team bucket": [QUOTA],
+    "ours: team bucket + soft quota": ["bucket", {**QUOTA, "mode": "soft"}],
+}
 SAMPLE = 1000  # keys checked for a TTL and their encoding
 # Our clients' timeout: a busy host's slow reply is then measured, not failed open (which
 # would stop the run); how long a client waits does not change what a call costs.
@@ -141,8 +153,10 @@ def workload(n: int) -> list[dict]:
     return [{"user": user, "team": team, "global": "*"} for user, team in picks]
 
 
-def ours(url: str) -> Callable[[list[dict]], tuple[float, int]]:
+def ours(url: str, team: list | None = None) -> Callable[[list[dict]], tuple[float, int]]:
     config = {level: [{"type": "token_bucket", "capacity": c, "per_second": r}] for level, (c, r) in LIMITS.items()}
+    if team is not None:  # the --quota variants: "bucket" stands for the team's token bucket
+        config["team"] = [config["team"][0] if rule == "bucket" else rule for rule in team]
     store = RedisStore(url=url, timeout=PATIENCE)
     acquire = HierarchicalLimiter.from_config(config, store=store).acquire
 
@@ -227,7 +241,7 @@ def server_usec(admin, reset: bool = False) -> tuple[int, int]:
     )
 
 
-def race(url: str, decisions: int, rounds: int) -> dict[str, dict]:
+def race(url: str, decisions: int, rounds: int, quota: bool = False) -> dict[str, dict]:
     admin = connect(url, timeout=5.0)
     requests = workload(decisions)
     contenders = {
@@ -237,6 +251,8 @@ def race(url: str, decisions: int, rounds: int) -> dict[str, dict]:
         "raw redis-py EVALSHA, 1 key": raw_evalsha(url),
         "raw FCALL, held connection, 1 key": raw_fcall(url),
     }
+    if quota:
+        contenders |= {name: ours(url, team) for name, team in QUOTA_VARIANTS.items()}
     best = {name: {"seconds": float("inf")} for name in contenders}
     for _ in range(rounds):
         for name, run in contenders.items():
@@ -345,11 +361,12 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100_000, help="keys for bytes per key (0: skip)")
     parser.add_argument("--url", help="an existing redis-server instead of our own")
     parser.add_argument("--flush", action="store_true", help="allow FLUSHALL on --url")
+    parser.add_argument("--quota", action="store_true", help="also time our decision with a quota (see above)")
     args = parser.parse_args()
     with redis_server(args.url) as url:
         if args.url and args.keys and not args.flush and connect(url).dbsize():
             raise SystemExit("the server holds keys; the memory part needs FLUSHALL (pass --flush)")
-        best = race(url, args.decisions, args.rounds)
+        best = race(url, args.decisions, args.rounds, args.quota)
         memory = {name: bytes_per_key(url, rule, args.keys) for name, rule in MEMORY_RULES.items() if args.keys}
     report(best, args.decisions, args.rounds, memory, args.keys)
 

@@ -33,6 +33,7 @@ import statistics  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from array import array  # noqa: E402
+from functools import partial  # noqa: E402
 
 from bench.http import POLICY, USERS, Connection, bodies, http_request, keys_of, load, usage  # noqa: E402
 
@@ -60,7 +61,7 @@ def rls_requests() -> list:
     ]
 
 
-def grpc_thread(port: int, start: float, t0: float, t1: float, seed: int, out: list) -> None:
+def grpc_thread(port: int, token: str, start: float, t0: float, t1: float, seed: int, out: list) -> None:
     import grpc
 
     # Prebuilt request bytes, and the answer read as bytes: the client's share of the CPU
@@ -69,7 +70,8 @@ def grpc_thread(port: int, start: float, t0: float, t1: float, seed: int, out: l
     # A channel of its own (local subchannel pool): one HTTP/2 connection per thread, as
     # the REST load has one keep-alive connection per thread.
     channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
-    call = channel.unary_unary(METHOD)
+    # The service token, as Envoy sends it (LIMITER_RLS_REQUIRE_TOKEN is on by default).
+    call = partial(channel.unary_unary(METHOD), metadata=(("authorization", f"Bearer {token}"),))
     call(requests[0], timeout=30, wait_for_ready=True)
     time.sleep(max(0.0, start - time.monotonic()))
     latencies, errors, allowed, i = array("d"), 0, 0, seed
@@ -89,10 +91,11 @@ def grpc_thread(port: int, start: float, t0: float, t1: float, seed: int, out: l
     out.append((latencies, errors, allowed))
 
 
-def grpc_process(port, threads, start, t0, t1, seed, pipe) -> None:
+def grpc_process(port, token, threads, start, t0, t1, seed, pipe) -> None:
     found: list = []
     workers = [
-        threading.Thread(target=grpc_thread, args=(port, start, t0, t1, seed * 100 + k, found)) for k in range(threads)
+        threading.Thread(target=grpc_thread, args=(port, token, start, t0, t1, seed * 100 + k, found))
+        for k in range(threads)
     ]
     for worker in workers:
         worker.start()
@@ -106,7 +109,7 @@ def grpc_process(port, threads, start, t0, t1, seed, pipe) -> None:
     pipe.close()
 
 
-def grpc_load(port: int, args, gunicorn: list[int]) -> dict:
+def grpc_load(port: int, token: str, args, gunicorn: list[int]) -> dict:
     """One closed-loop run of gRPC decisions: --connections threads over --client-processes."""
     context = multiprocessing.get_context("fork")  # grpc is imported in the children only
     processes = min(args.client_processes, args.connections)
@@ -116,7 +119,7 @@ def grpc_load(port: int, args, gunicorn: list[int]) -> dict:
     pipes, children = [], []
     for k, threads in enumerate(share):
         ours, theirs = context.Pipe(duplex=False)
-        child = context.Process(target=grpc_process, args=(port, threads, start, t0, t1, k + 1, theirs))
+        child = context.Process(target=grpc_process, args=(port, token, threads, start, t0, t1, k + 1, theirs))
         child.start()
         pipes.append(ours)
         children.append(child)
@@ -166,6 +169,18 @@ def envoy_config_without_filter(text: str) -> str:
     return yaml.safe_dump(config)
 
 
+def api_key(team: str) -> str:
+    return f"key-of-{team}"
+
+
+def callers() -> dict:
+    """The API keys Envoy knows: one for each team of bench/http.py's users."""
+    from tests.envoy.gateway import Caller
+
+    teams = {keys_of(user)["team"] for user in range(USERS)}
+    return {team: Caller(api_key(team), team, "") for team in sorted(teams)}
+
+
 def paced(port: int, rate: float, duration: float, senders: int) -> dict:
     """Open loop: request j is due at start + j / rate, sent by thread j % senders on its own
     keep-alive connection; its latency counts from when it was due."""
@@ -180,12 +195,9 @@ def paced(port: int, rate: float, duration: float, senders: int) -> dict:
         for j in range(k, total, senders):
             due = start + j / rate
             time.sleep(max(0.0, due - time.monotonic()))
-            user = (j * 7) % USERS
-            keys = keys_of(user)
-            request = (
-                f"GET /work HTTP/1.1\r\nHost: 127.0.0.1\r\nx-limiter-team: {keys['team']}\r\n"
-                f"x-limiter-user: {keys['user']}\r\n\r\n"
-            ).encode()
+            team = keys_of((j * 7) % USERS)["team"]
+            # The documented configuration knows a client by its API key, which names its team.
+            request = f"GET /work HTTP/1.1\r\nHost: 127.0.0.1\r\nx-api-key: {api_key(team)}\r\n\r\n".encode()
             try:
                 status, _ = connection.exchange(request)
             except (ConnectionError, OSError):
@@ -224,8 +236,8 @@ def through_envoy(service, rls_port: int, args) -> list[dict]:
     upstream = context.Process(target=serve_upstream, args=(theirs,), daemon=True)
     upstream.start()
     upstream_port = ours.recv()
-    with_filter = Envoy(rls_port, upstream_port, token=service.token)
-    without = Envoy(rls_port, upstream_port, token=service.token, edit=envoy_config_without_filter)
+    with_filter = Envoy(rls_port, upstream_port, token=service.token, callers=callers())
+    without = Envoy(rls_port, upstream_port, token=service.token, edit=envoy_config_without_filter, callers=callers())
     rounds = []
     try:
         with with_filter, without:
@@ -282,7 +294,10 @@ def bench(args) -> None:
         print(f"gRPC vs REST: {args.workers} gunicorn workers x {args.threads} threads, {args.connections} connections")
         rounds = []
         for number in range(1, args.rounds + 1 if "grpc" in args.parts else 1):
-            found = {"rest": load(port, rest, 1, args, servers), "grpc": grpc_load(rls_port, args, servers["gunicorn"])}
+            found = {
+                "rest": load(port, rest, 1, args, servers),
+                "grpc": grpc_load(rls_port, token, args, servers["gunicorn"]),
+            }
             found["ratio"] = found["grpc"]["requests_s"] / found["rest"]["requests_s"]
             print(
                 f"{number:>5} REST {found['rest']['requests_s']:7,.0f}/s (p99 {found['rest']['p99_ms']:.2f} ms, "

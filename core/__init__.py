@@ -7,7 +7,7 @@ decision, reservation = limiter.reserve({"user": "u1"}, cost=4000)  # an estimat
 limiter.settle(reservation.id, actual_cost=1312)                     # ...and the real cost
 """
 
-from . import buckets, concurrency, windows  # noqa: F401  (registers the built-in rules)
+from . import buckets, concurrency, quotas, windows  # noqa: F401  (registers the built-in rules)
 from .clock import ManualClock
 from .config import PriorityClass
 from .errors import ConfigError, InvalidRequest, LimiterError, ReservationNotFound, ReservationSettled, StoreUnavailable

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .params import Param, _number
+from .params import Param, format_number
 from .rules import EPSILON, MAX_IDLE_SECONDS, Rule, register
 from .twins import LUA_DIR, RedisTwin
 
@@ -37,7 +37,7 @@ def _decode_bucket(rule: TokenBucket, raw: bytes) -> tuple:
 
 # Both bucket-shaped rules run the same Lua (GCRA is a token bucket; see GCRA).
 BUCKET_TWIN = RedisTwin(
-    LUA_DIR / "token_bucket.lua", ("capacity", "rate"), _encode_bucket, _decode_bucket, leasable=True
+    LUA_DIR / "token_bucket.lua", ("capacity", "rate"), _encode_bucket, _decode_bucket, shareable=True
 )
 
 
@@ -70,7 +70,7 @@ class TokenBucket(Rule):
         self.slack = slack_of(self.rate)
 
     def describe(self) -> str:
-        return f"token_bucket({_number(self.capacity)}, {_number(self.rate)}/s)"
+        return f"token_bucket({format_number(self.capacity)}, {format_number(self.rate)}/s)"
 
     def _tokens(self, state: Any, now: float) -> float:
         if state is None:
@@ -178,4 +178,4 @@ class GCRA(TokenBucket):
         self.slack = slack_of(self.rate)
 
     def describe(self) -> str:
-        return f"gcra({_number(self.rate)}/s, burst {_number(self.burst)})"
+        return f"gcra({format_number(self.rate)}/s, burst {format_number(self.burst)})"

@@ -80,14 +80,15 @@ def decision_from_json(data: Any, status: int | None = None) -> Decision:
         raise LimiterAPIError("bad_response", f"not a decision: {str(data)[:200]}", status=status)
     retry_after, remaining = data.get("retry_after", 0.0), data.get("remaining")
     return Decision(
-        data["allowed"],
-        math.inf if retry_after is None else float(retry_after),
-        data.get("blocked_by"),
-        data.get("reason") or OK,
-        math.inf if remaining is None else float(remaining),
-        bool(data.get("degraded", False)),
-        data.get("lease"),
-        tuple(data.get("shadow_blocked") or ()),
+        allowed=data["allowed"],
+        retry_after=math.inf if retry_after is None else float(retry_after),
+        blocked_by=data.get("blocked_by"),
+        reason=data.get("reason") or OK,
+        remaining=math.inf if remaining is None else float(remaining),
+        degraded=bool(data.get("degraded", False)),
+        lease=data.get("lease"),
+        shadow_blocked=tuple(data.get("shadow_blocked") or ()),
+        over_quota=tuple(data.get("over_quota") or ()),
     )
 
 

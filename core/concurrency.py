@@ -6,7 +6,7 @@ import heapq
 import math
 from typing import Any
 
-from .params import Param, _number
+from .params import Param, format_number
 from .rules import Rule, register
 from .twins import LUA_DIR, RedisTwin
 
@@ -49,7 +49,7 @@ class Concurrency(Rule):
         self.capacity = float(self.limit)
 
     def describe(self) -> str:
-        return f"concurrency({self.limit}, lease {_number(self.lease)}s)"
+        return f"concurrency({self.limit}, lease {format_number(self.lease)}s)"
 
     def _live(self, state: list | None, now: float) -> dict | None:
         if state is None:

@@ -57,6 +57,18 @@ def _refuse_duplicates(level: str, rules: list[Rule]) -> None:
         seen[rule.rule_id] = i
 
 
+def check_demotions(levels: Mapping[str, list[Rule]], priorities: Mapping[str, PriorityClass]) -> None:
+    """ConfigError naming the field unless every rule's `demote_to` (a soft quota's) names
+    one of the priority classes."""
+    for level, rules in levels.items():
+        for i, rule in enumerate(rules):
+            if rule.demote_to is not None and rule.demote_to not in priorities:
+                known = ", ".join(sorted(priorities)) or "none"
+                raise ConfigError(
+                    f"unknown priority class {rule.demote_to!r} (known: {known})", f"{level}[{i}].demote_to"
+                )
+
+
 def parse_priorities(config: Any, level_names: tuple[str, ...]) -> dict[str, PriorityClass]:
     """Build the priority classes; an unknown level or a watermark outside [0, 1) is refused."""
     if config is None:

@@ -22,17 +22,19 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from .config import FailMode, PriorityClass, parse_fail_modes, parse_levels, parse_priorities
+from .config import FailMode, PriorityClass, check_demotions, parse_fail_modes, parse_levels, parse_priorities
+from .credits import clean_amount, credits_rule
 from .decision import (
     COST_EXCEEDS_LIMIT,
     INFINITY,
     NO_NAMES,
-    OK,
     RATE_LIMITED,
-    STORE_UNAVAILABLE,
     Decision,
     Finding,
-    _make,
+    allowed,
+    degraded_allowed,
+    degraded_denied,
+    denied,
 )
 from .errors import InvalidRequest, ReservationNotFound, ReservationSettled, StoreUnavailable
 from .params import LARGEST_NUMBER
@@ -47,7 +49,7 @@ from .reservations import (
     clean_hold,
     clean_reservation_id,
 )
-from .rules import Rule
+from .rules import EPSILON, Rule
 from .stores import Check, MemoryStore, Store
 
 # About 2 KB a plan, so at most ~40 MB; a key set beyond that costs a rebuild (~20 us).
@@ -57,8 +59,22 @@ _NUMBER_TYPES = (int, float)
 # circuit breaker waits before it tries the store again.
 STORE_RETRY_AFTER = 1.0
 
-_lease_prefix = os.urandom(6).hex()
-_lease_numbers = itertools.count(1)
+# A concurrency slot's lease id: this process's prefix and a counter.
+_lease_prefix: str
+_lease_numbers: itertools.count[int]
+
+
+def _draw_lease_ids() -> None:
+    """A new prefix and counter: at import, and in a forked child, so that workers forked
+    from one parent (gunicorn --preload) never hand out the same lease id."""
+    global _lease_prefix, _lease_numbers
+    _lease_prefix = os.urandom(6).hex()
+    _lease_numbers = itertools.count(1)
+
+
+_draw_lease_ids()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_draw_lease_ids)
 
 
 @dataclass(slots=True, eq=False)
@@ -78,6 +94,7 @@ class Plan:
     lean_max_cost: float  # the largest cost acquire() decides on its lean path; -inf: none
     longest_hold: float  # how long a reservation may hold: at most the shortest lease
     named: int  # how many levels the key set named (with a key that is not None)
+    demotions: list[tuple[int, str]]  # soft checks with a demote_to: (index, priority class)
 
     @classmethod
     def of(
@@ -92,8 +109,10 @@ class Plan:
             if not check.rule.shadow
         ]
         max_cost, too_big = min(limits, default=(INFINITY, -1))
-        # The lean path in acquire() serves plans with nothing but stateful, unleased rules.
-        lean = not (leased or stateless)
+        # The lean path in acquire() serves plans with nothing but stateful, unleased rules,
+        # and no soft quota that demotes (a request must be read before it is decided).
+        demotions = [(i, check.rule.demote_to) for i, check in enumerate(checks) if check.rule.demote_to]
+        lean = not (leased or stateless or demotions)
         store_plan = store.prepare(checks)
         return cls(
             store_plan=store_plan,
@@ -113,6 +132,7 @@ class Plan:
                 default=LONGEST_HOLD,
             ),
             named=named,
+            demotions=demotions,
         )
 
 
@@ -143,6 +163,10 @@ class HierarchicalLimiter:
         priorities: Mapping[str, PriorityClass] | None = None,
         fail_modes: Mapping[str, FailMode] | None = None,
     ) -> None:
+        if clock is None:
+            # The store's own clock (monotonic in process, Redis TIME) is no calendar: rules
+            # that read one (quotas) read this process's wall clock instead.
+            levels = {level: [rule.on_wall_clock(time.time) for rule in rules] for level, rules in levels.items()}
         self.levels = dict(levels)
         self.fail_modes = {level: FailMode() for level in self.levels} | dict(fail_modes or {})
         self._injected_clock = clock
@@ -162,6 +186,7 @@ class HierarchicalLimiter:
         }
         self._rules_by_name = {name: rule for named in self._named_rules.values() for rule, name in named}
         self._plans: dict[str | None, dict[Any, Plan]] = {}  # by priority, then keys
+        check_demotions(self.levels, self.priorities)
 
     @classmethod
     def from_config(
@@ -197,16 +222,17 @@ class HierarchicalLimiter:
             outcome = plan.decide(cost, self.clock(), None)
         except StoreUnavailable:
             return self._degraded(plan, keys, cost, priority)
-        if type(outcome) is Decision:
-            return outcome  # the store built the plain allowed decision itself
-        blocker, wait, remaining, shadows = outcome
-        if shadows:
-            return self._outcome(plan, blocker, wait, remaining, shadows, None)
-        if blocker < 0:
-            return _make(Decision, (True, 0.0, None, OK, remaining, False, None, NO_NAMES))
-        return _make(
-            Decision, (False, wait, plan.names[blocker], plan.reasons[blocker], remaining, False, None, NO_NAMES)
-        )
+        else:  # (every way out of it returns: no jump over the handler)
+            if isinstance(outcome, Decision):
+                return outcome  # the store built the plain allowed decision itself
+            blocker, wait, remaining, shadows, over = outcome
+            if shadows:
+                return self._outcome(plan, blocker, wait, remaining, shadows, over, None)
+            if blocker < 0:  # `over`: soft quotas this took past their limit (never on a denial)
+                return (
+                    self._outcome(plan, blocker, wait, remaining, shadows, over, None) if over else allowed(remaining)
+                )
+            return denied(wait, plan.names[blocker], plan.reasons[blocker], remaining)
 
     def _acquire_slowly(self, plan: Plan, cost: float, keys: Mapping[str, str], priority: str | None) -> Decision:
         """Every case the lean path leaves out: a bad cost, a cost that never fits,
@@ -216,9 +242,9 @@ class HierarchicalLimiter:
         if type(request) is Decision:
             return request
         if request.denied:
-            return self._explain(plan, cost, request.now)[0]
+            return self._explain(request.plan, cost, request.now)[0]
         try:
-            outcome: Decision | Finding | StoreUnavailable = plan.decide(cost, request.now, request.lease)
+            outcome: Decision | Finding | StoreUnavailable = request.plan.decide(cost, request.now, request.lease)
         except StoreUnavailable as error:
             outcome = error
         return self._decision(request, outcome)
@@ -227,11 +253,16 @@ class HierarchicalLimiter:
         self, plan: Plan, keys: Mapping[str, str], cost: float, priority: str | None, when: Callable[[], Any]
     ) -> Request | Decision:
         """The pipeline up to the store, once for acquire, reserve and batches: a cost that
-        can never fit is denied at once; then the time (`when`), the stateless rules, and a
-        lease id when the plan holds a concurrency slot."""
+        can never fit is denied at once; then the time (`when`), the plan of the priority
+        class a soft quota demotes it to, the stateless rules, and a lease id when the plan
+        holds a concurrency slot."""
         if cost > plan.max_cost:
             return self._too_big(plan)
         now = when()
+        if plan.demotions:
+            plan = self._demoted(plan, keys, cost, now)
+            if cost > plan.max_cost:
+                return self._too_big(plan)
         denied, shadowed = self._stateless_verdict(plan, cost, now) if plan.stateless else (False, NO_NAMES)
         lease = f"{_lease_prefix}-{next(_lease_numbers):x}" if plan.leased and not denied else None
         return Request(self, plan, keys, cost, priority, now, lease, shadowed, denied)
@@ -244,22 +275,26 @@ class HierarchicalLimiter:
         if isinstance(outcome, Decision):
             decision = outcome
         else:
-            blocker, wait, remaining, shadows = outcome
-            decision = self._outcome(request.plan, blocker, wait, remaining, shadows, request.lease)
+            blocker, wait, remaining, shadows, over = outcome
+            decision = self._outcome(request.plan, blocker, wait, remaining, shadows, over, request.lease)
         shadowed = request.shadowed
         return decision._replace(shadow_blocked=decision.shadow_blocked + shadowed) if shadowed else decision
 
     @staticmethod
     def _outcome(
-        plan: Plan, blocker: int, wait: float, remaining: float, shadows: tuple[int, ...], lease: str | None
+        plan: Plan,
+        blocker: int,
+        wait: float,
+        remaining: float,
+        shadows: tuple[int, ...],
+        over: tuple[int, ...],
+        lease: str | None,
     ) -> Decision:
         names = plan.names
         shadow_blocked = tuple([names[i] for i in shadows]) if shadows else NO_NAMES
         if blocker < 0:
-            return _make(Decision, (True, 0.0, None, OK, remaining, False, lease, shadow_blocked))
-        return _make(
-            Decision, (False, wait, names[blocker], plan.reasons[blocker], remaining, False, None, shadow_blocked)
-        )
+            return allowed(remaining, lease, shadow_blocked, tuple([names[i] for i in over]) if over else NO_NAMES)
+        return denied(wait, names[blocker], plan.reasons[blocker], remaining, shadow_blocked)
 
     def explain(
         self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None
@@ -267,7 +302,10 @@ class HierarchicalLimiter:
         """A dry run: the decision `acquire` would make now, and every rule's wait and
         remaining (before any take), consuming nothing."""
         _check_cost(cost)
-        return self._explain(self._plan(keys, priority), cost, self.clock())
+        plan, now = self._plan(keys, priority), self.clock()
+        if plan.demotions and cost <= plan.max_cost:
+            plan = self._demoted(plan, keys, cost, now)
+        return self._explain(plan, cost, now)
 
     def _explain(self, plan: Plan, cost: float, now: float) -> tuple[Decision, list[dict]]:
         found = self.store.explain(plan.store_plan, cost, now)
@@ -275,7 +313,27 @@ class HierarchicalLimiter:
         rows += [_row(check, rule.wait_for_key(check.key, _wall(now), cost)) for check, _, rule in plan.stateless]
         if cost > plan.max_cost:
             return self._too_big(plan), rows
-        return _decision_from_rows(rows), rows
+        soft = {
+            plan.names[i]: 1.0 if check.rule.counts_requests else cost
+            for i, check in enumerate(plan.checks)
+            if check.rule.soft
+        }
+        return _decision_from_rows(rows, soft), rows
+
+    def _demoted(self, plan: Plan, keys: Mapping[str, str], cost: float, now: float) -> Plan:
+        """The plan to decide on: that of the priority class a soft quota demotes to when
+        this request would take it past its limit (the first such quota, in level order);
+        else `plan`. One more read of the store, before the decision: a request decided at
+        the same time may move the quota in between (docs/ENGINE.md, Quotas: demote_to)."""
+        try:
+            readings = self.store.explain(plan.store_plan, cost, now)
+        except StoreUnavailable:
+            return plan  # the decision meets the outage in its turn, and its fail modes
+        for index, demote_to in plan.demotions:
+            amount = 1.0 if plan.checks[index].rule.counts_requests else cost
+            if readings[index][1] < amount - EPSILON:
+                return self._plan(keys, demote_to)
+        return plan
 
     def inspect(self, level: str, key: str) -> list[dict]:
         """The live state of every stateful rule that applies to `key` at `level`, each row
@@ -315,6 +373,7 @@ class HierarchicalLimiter:
             return self._degraded(plan, keys, cost, priority), None
         if type(request) is Decision:
             return request, None
+        plan = request.plan  # a soft quota's demotion may have chosen another
         if request.denied:
             return self._explain(plan, cost, request.now)[0], None
         now, lease = request.now, request.lease
@@ -367,6 +426,20 @@ class HierarchicalLimiter:
     def reset(self, level: str, key: str) -> None:
         """Forget every rule's state for `key` at `level`: its buckets start full."""
         self.store.reset(self._one_level(level, key).store_plan)
+
+    def top_up(self, level: str, key: str, rule: str | int, amount: float) -> float:
+        """Add `amount` to the credits of `key` at `level` held by `rule` (its label, or its
+        index among the level's rules), which must be a quota with `period: none`; atomic on
+        every store. Returns the balance after (below zero if it was overspent by more).
+        Refused with InvalidRequest naming `level`, `key`, `rule` or `amount`."""
+        if not isinstance(level, str) or level not in self.levels:
+            raise InvalidRequest(f"unknown level {level!r} (known: {self._known})", "level")
+        if not isinstance(key, str) or not key:
+            raise InvalidRequest("must be a non-empty string", "key")
+        target = credits_rule(self.levels[level], rule)
+        amount = clean_amount(amount)
+        plan = self.store.prepare([Check(level, key, target, 0.0)])
+        return self.store.adjust(plan, self.clock(), -amount)[0]
 
     def rule_named(self, name: str | None) -> Rule | None:
         """The rule that a decision's `blocked_by` names, or None."""
@@ -446,23 +519,11 @@ class HierarchicalLimiter:
         levels = [level for level in self.levels if any(c.level == level for c in plan.checks)]
         for level in levels:
             if self.fail_modes[level].mode == "closed":
-                return _make(
-                    Decision,
-                    (
-                        False,
-                        STORE_RETRY_AFTER,
-                        f"{level}: store unavailable",
-                        STORE_UNAVAILABLE,
-                        0.0,
-                        True,
-                        None,
-                        NO_NAMES,
-                    ),
-                )
+                return degraded_denied(STORE_RETRY_AFTER, f"{level}: store unavailable")
         local = {level: keys[level] for level in levels if self.fail_modes[level].mode == "local"}
         if local:
             return self._local_fallback().acquire(local, cost, priority)._replace(degraded=True)
-        return _make(Decision, (True, 0.0, None, OK, INFINITY, True, None, NO_NAMES))
+        return degraded_allowed()
 
     def _local_fallback(self) -> HierarchicalLimiter:
         """An in-process limiter for the local levels, at their fallback fractions."""
@@ -477,7 +538,7 @@ class HierarchicalLimiter:
 
     def _too_big(self, plan: Plan) -> Decision:
         names = plan.names + [name for _, name, _ in plan.stateless]
-        return Decision(False, INFINITY, names[plan.too_big], COST_EXCEEDS_LIMIT, 0.0)
+        return denied(INFINITY, names[plan.too_big], COST_EXCEEDS_LIMIT, 0.0)
 
     @staticmethod
     def _stateless_verdict(plan: Plan, cost: float, now: float) -> tuple[bool, tuple]:
@@ -564,15 +625,21 @@ def _row(check: Check, wait: float = 0.0, remaining: float = INFINITY) -> dict:
     }
 
 
-def _decision_from_rows(rows: list[dict]) -> Decision:
-    enforced = [row for row in rows if not row["shadow"]]
+def _decision_from_rows(rows: list[dict], soft: Mapping[str, float]) -> Decision:
+    """The decision the rows make; `soft`: the soft rules' names, with what the request would
+    take from each (they never deny, count in no `remaining`, and are over when it would take
+    them past their limit)."""
+    enforced = [row for row in rows if not row["shadow"] and row["name"] not in soft]
     worst = max(enforced, key=lambda row: row["wait"], default=None)
     shadows = tuple(row["name"] for row in rows if row["shadow"] and row["wait"] > 0)
     remaining = min((row["remaining"] for row in enforced), default=INFINITY)
     if worst is None or worst["wait"] <= 0:
-        return Decision(True, 0.0, None, OK, remaining, shadow_blocked=shadows)
+        over = tuple(
+            row["name"] for row in rows if row["name"] in soft and row["remaining"] < soft[row["name"]] - EPSILON
+        )
+        return allowed(remaining, shadow_blocked=shadows, over_quota=over)
     reason = worst["label"] or RATE_LIMITED
-    return Decision(False, worst["wait"], worst["name"], reason, remaining, shadow_blocked=shadows)
+    return denied(worst["wait"], worst["name"], reason, remaining, shadows)
 
 
 def _wall(now: float | None) -> float:

@@ -7,15 +7,17 @@ replayed under another policy (core.replay).
 
 Every call that decides (or settles, or hands back a slot) records itself once, through one of
 `decision`, `reservation`, `settlement` and `release`. They append a tuple to a buffer in this
-process; a daemon thread writes the buffer out every `flush_every` seconds, off the decision's
-path. With a Redis client the records go to one stream, `<prefix>:{records}`, each with
-`XADD ... MAXLEN ~ limit` (Redis trims whole nodes of 100 entries, so slightly more than
-`limit` may stay); without one, to a deque of `limit` records in this process.
+process; the process's flushing thread (core/flusher.py) writes the buffer out every
+`flush_every` seconds, off the decision's path, and at once when it is half full. With a
+Redis client the records go to one stream, `<prefix>:{records}`, each with `XADD ... MAXLEN ~
+limit` (Redis trims whole nodes of 100 entries, so slightly more than `limit` may stay);
+without one, to a deque of `limit` records in this process.
 
 What is kept when traffic outruns the limit: the most recent `limit` records. The buffer
 itself holds at most `limit` records too, so a burst between two flushes drops its oldest,
 which trimming would have cut anyway. While Redis cannot be reached a flush drops what it
-held (`lost` counts them): records are lost, decisions never wait or fail for them.
+held (`lost` counts them; the flusher's DROP): records are lost, decisions never wait or
+fail for them.
 
 A record in the stream is its request's keys under their level names, and fields whose
 names no level may have (level names are letters, digits and `_ . : -`):
@@ -36,19 +38,17 @@ about 35 more (its blocked_by); docs/OPERATIONS.md has the measured figures.
 
 from __future__ import annotations
 
-import logging
 import math
-import os
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-from .errors import ConfigError, StoreUnavailable
+from redis.exceptions import ConnectionError, TimeoutError
 
-log = logging.getLogger(__name__)
+from .errors import ConfigError, StoreUnavailable
+from .flusher import DROP, Flushable, Flusher
 
 DEFAULT_LIMIT = 200_000
 # Records are read from Redis this many at a time.
@@ -64,8 +64,8 @@ DECISION, RESERVATION, SETTLEMENT, RELEASE = "decision", "reservation", "settlem
 _TIME, _COST, _PRIORITY, _OUTCOME = "@t", "@c", "@p", "@o"
 _LEASE, _RESERVATION, _HOLD, _SETTLED, _RELEASED = "@l", "@r", "@h", "@s", "@x"
 _OWN_FIELDS = {_TIME, _COST, _PRIORITY, _OUTCOME, _LEASE, _RESERVATION, _HOLD, _SETTLED, _RELEASED}
-
-_live: weakref.WeakSet[DecisionRecorder] = weakref.WeakSet()
+# What the Redis log turns into StoreUnavailable: the server could not be reached in time.
+_UNREACHABLE = (ConnectionError, TimeoutError, OSError)
 
 
 class Record(NamedTuple):
@@ -92,10 +92,15 @@ def check_limit(limit: Any) -> int:
     return limit
 
 
-class DecisionRecorder:
+class DecisionRecorder(Flushable):
     """Records decision requests from every worker into one bounded log. `client`: a
     redis-py client (or cluster client) shared by every worker; None keeps the log in this
-    process. `clock`: epoch seconds, the time a record carries."""
+    process. `clock`: epoch seconds, the time a record carries. `lost`: records a failed
+    flush dropped. `url`: the URL of `client`'s Redis, when another process (a replay of its
+    own) may read the record from there: `stream()` names it."""
+
+    on_store_error = DROP
+    what = "decision record"
 
     def __init__(
         self,
@@ -104,36 +109,42 @@ class DecisionRecorder:
         prefix: str = "la",
         clock: Callable[[], float] = time.time,
         flush_every: float | None = 1.0,
+        flusher: Flusher | None = None,
+        url: str | None = None,
     ) -> None:
         self.limit = check_limit(limit)
+        self.url = url if client is not None else None
         if self.limit == 0:
             raise ConfigError("a recorder keeps at least one record (0 means: make none)", "limit")
-        self.clock, self.flush_every = clock, flush_every
+        self.clock = clock
         self.log: RedisLog | MemoryLog = (
             MemoryLog(self.limit) if client is None else RedisLog(client, f"{prefix}:{{records}}", self.limit)
         )
         self.shared = client is not None
-        self.lost = 0  # records a failed flush dropped
-        self._start_afresh()
-        _live.add(self)
-
-    def _start_afresh(self) -> None:
-        """An empty buffer and no flushing thread: at start and in a forked child (whose
-        copy of the parent's buffer the parent writes out; a lock held at fork never opens)."""
         self._buffer: deque[tuple] = deque(maxlen=self.limit)
-        self._flush_lock = threading.Lock()
-        self._thread_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        # Half full, the buffer wakes the flusher: past the limit it would drop its oldest.
+        self._wake_at = max(1, self.limit // 2)
+        super().__init__(flush_every, flusher)
+
+    def after_fork(self) -> None:
+        self._buffer = deque(maxlen=self.limit)
+        super().after_fork()
+
+    def stream(self) -> tuple[str, str] | None:
+        """(url, key) where another process reads every worker's records, once this process's
+        buffer is written out; None when the record is this process's alone, or its URL is
+        not known."""
+        if self.url is None or not isinstance(self.log, RedisLog):
+            return None
+        self.flush()
+        return self.url, self.log.key
 
     # --- recording (on the decision's path: one append) ------------------------------------------
 
     def decision(self, keys: Mapping[str, str], cost: float, priority: str | None, decision: Any) -> None:
         """A decision made (`decision`: a core.Decision, or anything with `allowed`,
         `blocked_by` and `lease`)."""
-        self._buffer.append((DECISION, self.clock(), keys, cost, priority, decision, None, None))
-        if self._thread is None:
-            self._start_flushing()
+        self._append((DECISION, self.clock(), keys, cost, priority, decision, None, None))
 
     def reservation(
         self,
@@ -146,63 +157,36 @@ class DecisionRecorder:
     ) -> None:
         """A reservation asked for with an estimated `cost` and `hold`; `reservation_id` is
         None when nothing was reserved (a denial, or a fail mode's decision)."""
-        self._buffer.append((RESERVATION, self.clock(), keys, cost, priority, decision, reservation_id, hold))
-        if self._thread is None:
-            self._start_flushing()
+        self._append((RESERVATION, self.clock(), keys, cost, priority, decision, reservation_id, hold))
 
     def settlement(self, reservation_id: str, actual_cost: float | None) -> None:
         """A reservation settled: committed with `actual_cost`, or cancelled (None)."""
-        self._buffer.append((SETTLEMENT, self.clock(), {}, actual_cost, None, None, reservation_id, None))
-        if self._thread is None:
-            self._start_flushing()
+        self._append((SETTLEMENT, self.clock(), {}, actual_cost, None, None, reservation_id, None))
 
     def release(self, keys: Mapping[str, str], lease: str) -> None:
         """A concurrency lease handed back before it ran out."""
-        self._buffer.append((RELEASE, self.clock(), keys, None, None, None, lease, None))
-        if self._thread is None:
-            self._start_flushing()
+        self._append((RELEASE, self.clock(), keys, None, None, None, lease, None))
 
-    def _start_flushing(self) -> None:
-        # A thread, not the caller: a flush is a round trip, and the caller is a decision.
-        # Started on first use, so that each forked worker starts its own.
-        with self._thread_lock:
-            if self._thread is None and self.flush_every:
-                self._thread = threading.Thread(
-                    target=_flush_periodically,
-                    args=(weakref.ref(self), self._stop, self.flush_every),
-                    name="decision-record-flush",
-                    daemon=True,
-                )
-                self._thread.start()
+    def _append(self, item: tuple) -> None:
+        buffer = self._buffer
+        buffer.append(item)
+        flusher = self.flusher
+        if flusher.thread is None and self.flush_every:
+            flusher.start()  # on first use, so that each forked worker starts its own
+        elif len(buffer) >= self._wake_at and self.flush_every:
+            flusher.wake()
 
-    # --- flushing --------------------------------------------------------------------------------
+    # --- flushing (in the flusher's thread, or by hand; see core/flusher.py) ---------------------
 
-    def flush(self) -> int:
-        """Write the buffered records out; returns how many. Never raises: records that
-        cannot be written (Redis down) are dropped and counted in `lost`."""
-        with self._flush_lock:
-            buffer = self._buffer
-            # popleft, not a swap of buffers: a decision appending meanwhile is never lost.
-            batch = [buffer.popleft() for _ in range(len(buffer))]
-            if not batch:
-                return 0
-            try:
-                self.log.write([_record(item) for item in batch])
-            except StoreUnavailable as error:
-                self.lost += len(batch)
-                log.warning("decision record: %d records lost, Redis unreachable: %s", len(batch), error)
-                return 0
-            except Exception:
-                self.lost += len(batch)
-                log.exception("decision record: %d records lost", len(batch))
-                return 0
-            return len(batch)
+    def take(self) -> list[tuple] | None:
+        buffer = self._buffer
+        # popleft, not a swap of buffers: a decision appending meanwhile is never lost.
+        batch = [buffer.popleft() for _ in range(len(buffer))]
+        return batch or None
 
-    def close(self) -> None:
-        """Stop the flushing thread and write out what is left."""
-        self.flush_every = None
-        self._stop.set()
-        self.flush()
+    def write(self, batch: list[tuple]) -> int:
+        self.log.write([_record(item) for item in batch])
+        return len(batch)
 
     # --- reading ---------------------------------------------------------------------------------
 
@@ -253,7 +237,6 @@ class RedisLog:
 
     def __init__(self, client: Any, key: str, limit: int) -> None:
         self.client, self.key, self.limit = client, key, limit
-        self._errors = _redis_errors()
 
     def write(self, records: Iterable[Record]) -> None:
         pipe = self.client.pipeline(transaction=False)
@@ -261,7 +244,7 @@ class RedisLog:
             pipe.xadd(self.key, encode(record), maxlen=self.limit, approximate=True)
         try:
             pipe.execute()
-        except self._errors as error:
+        except _UNREACHABLE as error:
             raise StoreUnavailable(f"Redis cannot take the records: {error}") from error
 
     def read(self, since: float, until: float) -> list[Record]:
@@ -270,7 +253,7 @@ class RedisLog:
         while True:
             try:
                 page = self.client.xrange(self.key, min=start, max="+", count=PAGE)
-            except self._errors as error:
+            except _UNREACHABLE as error:
                 raise StoreUnavailable(f"Redis cannot read the records: {error}") from error
             for _, fields in page:
                 record = decode(fields)
@@ -291,19 +274,19 @@ def encode(record: Record) -> dict[str, Any]:
     fields: dict[str, Any] = dict(record.keys)
     fields[_TIME] = round(record.time * 1000)
     if record.kind == SETTLEMENT:
-        fields[_COST] = "" if record.cost is None else _number(record.cost)
+        fields[_COST] = "" if record.cost is None else _int_if_whole(record.cost)
         fields[_SETTLED] = record.ref
         return fields
     if record.kind == RELEASE:
         fields[_RELEASED] = record.ref
         return fields
     assert record.cost is not None, "only a settlement (a cancel) has no cost"
-    fields[_COST] = _number(record.cost)
+    fields[_COST] = _int_if_whole(record.cost)
     fields[_PRIORITY] = record.priority or ""
     fields[_OUTCOME] = "" if record.allowed else "!" + (record.blocked_by or "")
     if record.kind == RESERVATION:
         fields[_RESERVATION] = record.ref or ""
-        fields[_HOLD] = "" if record.hold is None else _number(record.hold)
+        fields[_HOLD] = "" if record.hold is None else _int_if_whole(record.hold)
     elif record.ref is not None:
         fields[_LEASE] = record.ref
     return fields
@@ -344,7 +327,7 @@ def decode(fields: Mapping[Any, Any]) -> Record:
     return Record(at, DECISION, keys, cost, priority, allowed, blocked_by, own.get(_LEASE))
 
 
-def _number(value: float) -> int | float:
+def _int_if_whole(value: float) -> int | float:
     """A whole number as an int (Redis keeps a small one in a byte or two)."""
     return int(value) if float(value).is_integer() and abs(value) < 2**63 else value
 
@@ -359,31 +342,6 @@ def _bytes(value: Any) -> bytes:
 
 def _time(record: Record) -> float:
     return record.time
-
-
-def _redis_errors() -> tuple[type[Exception], ...]:
-    from redis.exceptions import ConnectionError, TimeoutError
-
-    return (ConnectionError, TimeoutError, OSError)
-
-
-def _flush_periodically(recorder_ref: weakref.ref[DecisionRecorder], stop: threading.Event, every: float) -> None:
-    """The flushing thread; it holds its recorder weakly, so a dropped one stops it."""
-    while not stop.wait(every):
-        recorder = recorder_ref()
-        if recorder is None:
-            return
-        recorder.flush()
-        del recorder
-
-
-def _after_fork_in_child() -> None:
-    for recorder in list(_live):
-        recorder._start_afresh()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 __all__ = ["DEFAULT_LIMIT", "DecisionRecorder", "MemoryLog", "Record", "RedisLog", "check_limit", "decode", "encode"]

@@ -18,6 +18,10 @@ The fields after those two are the rule's own. A key never seen, or forgotten, i
   (delta < 0) or was charged (delta > 0) the difference from its estimate; `taken_at` is
   when the estimate was taken. None means "as good as no state". The default changes
   nothing, so a plug-in that does not implement it keeps what a reservation took.
+A soft rule (`soft`, a quota's `mode: soft`) never denies: it takes past its limit, and the
+decision names it in `over_quota` when its room after the take (state[1]) is below zero.
+A rule that reads the calendar (a quota) takes `now` as epoch seconds; a limiter whose clock
+is not (the in-process store's monotonic default, Redis TIME) hands it one (`on_wall_clock`).
 A plug-in implements `wait` and `take` (or, if stateless, `wait_for_key`), and may declare
 its Redis twin (`redis_twin`, core/twins.py): one Lua file, beside its class.
 """
@@ -29,7 +33,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .errors import ConfigError
-from .params import Param, _number, clean_params
+from .params import Param, clean_params, format_number
 
 if TYPE_CHECKING:
     from .twins import RedisTwin
@@ -87,6 +91,12 @@ class Rule:
     # Rules that count requests take 1 per request whatever its cost (a requests-per-minute
     # rule beside a tokens-per-minute one); the others take the request's cost.
     counts_requests: bool = False
+    # A soft rule never denies (see the module's docstring); `demote_to` names the priority
+    # class a request it sees over its limit is decided under; `credits`: a balance that
+    # `HierarchicalLimiter.top_up` adds to.
+    soft: bool = False
+    demote_to: str | None = None
+    credits: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -157,6 +167,15 @@ class Rule:
         """How much cost would fit now (no floor). Defaults to the capacity."""
         return self.capacity
 
+    def balance(self, state: Any, now: float) -> float:
+        """What is left, as it is: below zero for a rule in debt. Defaults to `remaining`."""
+        return self.remaining(state, now)
+
+    def on_wall_clock(self, clock: Callable[[], float]) -> Rule:
+        """This rule for a limiter whose clock does not tell epoch seconds: a rule that reads
+        the calendar reads `clock` for it. The default, a rule that does not, is itself."""
+        return self
+
     def release(self, state: Any, now: float, lease: str) -> Any:
         """The state once `lease` gave back what it holds; None when it held nothing."""
         return None
@@ -192,7 +211,7 @@ class Rule:
 def _show(value: Any) -> str:
     if isinstance(value, (tuple, list)):
         return "[" + ",".join(value) + "]"
-    return _number(value) if isinstance(value, (int, float)) else str(value)
+    return format_number(value) if isinstance(value, (int, float)) else str(value)
 
 
 def build_rule(spec: Any, path: str) -> Rule:

@@ -35,15 +35,19 @@ class RedisTwin:
     string, a list of strings for a list, {member: score} for a sorted set; an empty list or
     dict stores nothing. `decode(rule, raw)` gives the state back in the rule's own shape (the
     first two fields, idle_at and remaining, may be 0: nothing reads them from Redis); it is
-    never handed a missing key. `leasable`: a cluster may decide the rule against slices of a
-    leased budget (stores/lease.py), which only token buckets can be."""
+    never handed a missing key. `shareable`: a cluster may decide the rule against this
+    process's share of a global budget (stores/shares.py), which only token buckets can be.
+    `per_call(rule, now)`: numbers that depend on the time of the call (a quota's period, which
+    needs zoneinfo, which a script has not), handed after `args` at every call; `now` is None
+    where the store keeps the time (Redis TIME). Only plans with such a twin pay for it."""
 
     lua: Path
     args: tuple[str, ...]
     encode: Callable[[Any, Any], Any]
     decode: Callable[[Any, Any], Any]
     redis_type: str = "string"
-    leasable: bool = False
+    shareable: bool = False
+    per_call: Callable[[Any, float | None], tuple[float, ...]] | None = None
 
     def __post_init__(self) -> None:
         if self.redis_type not in REDIS_TYPES:
@@ -59,3 +63,8 @@ class RedisTwin:
     def arguments(self, rule: Any) -> str:
         """What the script gets for `rule`: its `args`, as doubles, joined by commas."""
         return ",".join(repr(float(getattr(rule, name))) for name in self.args)
+
+    @staticmethod
+    def format_per_call(numbers: tuple[float, ...]) -> str:
+        """What a call's `per_call` numbers add to the rule's arguments: each after a comma."""
+        return "".join(f",{float(number)!r}" for number in numbers)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Collection, MutableMapping, Sequence
 from typing import Any, NamedTuple
 
-from .decision import NO_SHADOWS, Finding, _make, found
-from .rules import DEFER, Rule
+from .decision import NO_SHADOWS, Finding, found
+from .rules import DEFER, EPSILON, Rule
 
 INFINITY = float("inf")
 
@@ -32,7 +32,8 @@ class Slot(NamedTuple):
 
 def decide(slots: Sequence[Slot], cost: float, now: float, lease: str | None) -> Finding:
     """Every rule's attempt, then, if none denies, every take. A shadow rule that would deny
-    takes nothing, as if it were enforced."""
+    takes nothing, as if it were enforced. A soft rule (which never denies) is left out of
+    `remaining`, and named in `over` when the take leaves it below zero."""
     worst, blocker, shadows, results = 0.0, -1, NO_SHADOWS, []
     for i, (rule, table, name, floor, shadow, per_request) in enumerate(slots):
         result = rule.attempt(table.get(name), now, 1.0 if per_request else cost, floor)
@@ -45,28 +46,26 @@ def decide(slots: Sequence[Slot], cost: float, now: float, lease: str | None) ->
     if blocker >= 0:
         rule, table, name = slots[blocker][:3]
         return found(blocker, worst, rule.remaining(table.get(name), now), shadows)
-    remaining = INFINITY
-    for (rule, table, name, _, shadow, per_request), state in zip(slots, results):
+    remaining, over = INFINITY, NO_SHADOWS
+    for i, ((rule, table, name, _, shadow, per_request), state) in enumerate(zip(slots, results)):
         if state.__class__ is float:
             continue
         if state is DEFER:
             state = rule.take(table.get(name), now, 1.0 if per_request else cost, lease)
         table[name] = state
-        if state[1] < remaining and not shadow:
+        if rule.soft:
+            if state[1] < -EPSILON:
+                over += (i,)
+        elif state[1] < remaining and not shadow:
             remaining = state[1]
-    return found(-1, 0.0, remaining, shadows)
+    return found(-1, 0.0, remaining, shadows, over)
 
 
-def deny(slots: Sequence[Slot], blocker: int, worst: float, cost: float, now: float) -> Finding:
-    """A decision that stopped at `blocker`, the first rule that did not fit: only the rules
-    after it can wait longer (the compiled lean path's denial)."""
-    for i in range(blocker + 1, len(slots)):
-        rule, table, name, floor, _, per_request = slots[i]
-        wait = rule.wait(table.get(name), now, 1.0 if per_request else cost, floor)
-        if wait > worst:
-            blocker, worst = i, wait
-    rule, table, name = slots[blocker][:3]
-    return _make(Finding, (blocker, worst, rule.remaining(table.get(name), now), NO_SHADOWS))
+def denial(slots: Sequence[Slot], blocker: int, wait: float, now: float) -> Finding:
+    """The Finding of a denial by `blocker`, whose wait is the longest (the compiled lean
+    path's denial, which has read the waits itself)."""
+    rule, table, name, _, _, _ = slots[blocker]  # unpacked whole: no slice to make
+    return found(blocker, wait, rule.remaining(table.get(name), now))
 
 
 def reserve(slots: Sequence[Slot], cost: float, now: float, lease: str | None, until: float) -> Finding:
@@ -101,14 +100,25 @@ def settle(
     would have denied), then release its lease. Returns how many slots were released."""
     if delta:
         for rule, table, name, _, _, per_request in slots:
-            if per_request or name in untaken:
-                continue
-            state = rule.adjust(table.get(name), now, delta, taken_at)
-            if state is None:
-                table.pop(name, None)  # as good as no state: a bucket refunded to full
-            else:
-                table[name] = state
+            if not per_request and name not in untaken:
+                _adjust(rule, table, name, now, delta, taken_at)
     return release(slots, now, lease) if lease else 0
+
+
+def adjust(slots: Sequence[Slot], now: float, delta: float) -> list[float]:
+    """Charge (delta > 0) or give back (delta < 0) `delta` at every rule, now, outside any
+    reservation (a top-up of credits); returns each rule's balance after."""
+    return [_adjust(rule, table, name, now, delta, now) for rule, table, name, *_ in slots]
+
+
+def _adjust(rule: Rule, table: MutableMapping[str, Any], name: str, now: float, delta: float, taken_at: float) -> float:
+    """One rule's state adjusted by `delta` (Rule.adjust); its balance after."""
+    state = rule.adjust(table.get(name), now, delta, taken_at)
+    if state is None:
+        table.pop(name, None)  # as good as no state: a bucket refunded to full
+    else:
+        table[name] = state
+    return rule.balance(state, now)
 
 
 def explain(slots: Sequence[Slot], cost: float, now: float) -> list[tuple[float, float]]:

@@ -7,7 +7,7 @@ import math
 from collections import deque
 from typing import Any
 
-from .params import Param, _number
+from .params import Param, format_number
 from .rules import EPSILON, Rule, register
 from .twins import LUA_DIR, RedisTwin
 
@@ -30,7 +30,7 @@ class WindowRule(Rule):
         self.window = float(self.window)
 
     def describe(self) -> str:
-        return f"{self.type_name}({_number(self.limit)}/{_number(self.window)}s)"
+        return f"{self.type_name}({format_number(self.limit)}/{format_number(self.window)}s)"
 
     def _over(self, used: float, cost: float, floor: float) -> float:
         """How much cost is over the room left; <= 0 when it fits."""

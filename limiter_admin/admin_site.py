@@ -1,4 +1,5 @@
-"""The operators' admin site: Django's admin plus the dashboard at /admin/dashboard/.
+"""The operators' admin site: Django's admin plus the console at /admin/dashboard/
+(limiter_admin.console: the dashboard and the tenant pages).
 
 The dashboard's pages are the admin's own: URLs prepended in get_urls(), each wrapped in
 `admin_view` (staff only; anyone else goes to the login page), and templates extending
@@ -8,24 +9,33 @@ admin/base_site.html with `each_context`.
 from django.contrib import admin
 from django.urls import path
 
+from limiter_admin.login_limit import login_refusal
+
 
 class LimiterAdminSite(admin.AdminSite):
     site_header = "Limiter Admin"
     site_title = "Limiter Admin"
     index_title = "Policies and operations"
 
+    def login(self, request, extra_context=None):
+        """The admin's login, with a limit on posts per client address (login_limit.py)."""
+        return login_refusal(request) or super().login(request, extra_context)
+
     def index(self, request, extra_context=None):
         """The index, its recent actions read as sentences (`limiter_admin.actions`)."""
+        # Here, not at the top: the admin site is made while the app registry loads (the
+        # admin app's default_site), before any module that imports models may be imported.
         from limiter_admin.actions import recent_actions
 
         context = {"recent_actions": recent_actions(request.user), **(extra_context or {})}
         return super().index(request, context)
 
     def get_urls(self):
-        from limiter_admin import dashboard, tenant_page
+        # Here, not at the top: as in index(), these import models.
+        from limiter_admin.console.views import DashboardViews, TenantViews
 
-        views = dashboard.DashboardViews(self)
-        tenants = tenant_page.TenantViews(self)
+        views = DashboardViews(self)
+        tenants = TenantViews(self)
         wrap = self.admin_view
         return [
             path("dashboard/", wrap(views.page), name="dashboard"),
@@ -36,6 +46,7 @@ class LimiterAdminSite(admin.AdminSite):
             path("dashboard/reset/", wrap(views.reset), name="dashboard-reset"),
             path("dashboard/search/", wrap(views.search), name="dashboard-search"),
             path("dashboard/raise-limit/", wrap(tenants.raise_limit), name="dashboard-raise-limit"),
+            path("dashboard/credits/", wrap(tenants.credits), name="dashboard-credits"),
             # Team keys are the gateway's strings, so a tenant's may hold a slash.
             path("dashboard/tenants/<path:key>/", wrap(tenants.page), name="dashboard-tenant"),
         ] + super().get_urls()

@@ -36,6 +36,17 @@ def env_str(name, default=None):
     return os.environ.get(name) or default
 
 
+def env_int(name, default):
+    """The whole number in `name`, or `default` when it is unset or empty."""
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r}: expected a whole number") from None
+
+
 def env_json(name, default):
     """The JSON document in `name`, or `default` when it is unset or empty."""
     raw = os.environ.get(name)
@@ -45,3 +56,15 @@ def env_json(name, default):
         return json.loads(raw)
     except ValueError as error:
         raise ImproperlyConfigured(f"{name}: not JSON ({error})") from None
+
+
+def env_number(name, default):
+    """The number in `name` (`2`, `0.5`, `1e3`), or `default` when it is unset or empty. Its
+    range is for a system check to judge (policies.checks)."""
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r}: expected a number") from None

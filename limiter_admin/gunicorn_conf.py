@@ -35,6 +35,16 @@ def on_starting(server):
     os.makedirs(directory, exist_ok=True)
 
 
+def post_fork(server, worker):
+    # How many threads a worker has: the console's admission takes half of them by default.
+    os.environ["LIMITER_WORKER_THREADS"] = str(server.cfg.threads)
+    # The console's pool, beside a pool of the gateways' own, runs at a lower CPU priority:
+    # the kernel serves the gateways' decisions first (docs/OPERATIONS.md).
+    nice = int(os.environ.get("LIMITER_WORKER_NICE") or 0)
+    if nice:
+        os.nice(nice)
+
+
 def post_worker_init(worker):
     bind = os.environ.get("RLS_BIND", "")
     if bind:

@@ -3,7 +3,7 @@
 Decisions do not need the database (each worker decides with the last policy it read, and
 trusts the tokens it has proved), but everything that reads or writes policies, tokens or
 operators' sessions does. The API's views already answer such an error in its one shape
-(policies.api.errors); this middleware does the same for every other page (the admin, the
+(policies.services.errors.error_body); this middleware does the same for every other page (the admin, the
 dashboard), whose error would otherwise be a 500: a page for people, the error shape for
 the API's paths, and `Retry-After: 1` on both. A write that failed saved nothing: each runs
 in one transaction.
@@ -17,7 +17,7 @@ from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 
-from policies.api.errors import error_body
+from policies.services.errors import error_body
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from limiter_admin.env import env_bool, env_json, env_list, env_str
+from limiter_admin.env import env_bool, env_int, env_json, env_list, env_number, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -42,6 +42,8 @@ MIDDLEWARE = [
     "limiter_admin.middleware.DatabaseUnavailableMiddleware",
     # Right after SecurityMiddleware, as whitenoise asks: static files skip the rest.
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # The gateways first: console requests past LIMITER_CONSOLE_CONCURRENCY get 503 at once.
+    "limiter_admin.admission.ConsoleAdmission",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -158,14 +160,46 @@ LIMITER_USAGE_HOUR_DAYS = float(env_str("LIMITER_USAGE_HOUR_DAYS") or "30")
 # The most recent decision requests kept for the what-if replay (0: none recorded, at no cost);
 # in the statistics' Redis when REDIS_URL is set, else in the process. docs/OPERATIONS.md.
 LIMITER_RECORD_LIMIT = int(env_str("LIMITER_RECORD_LIMIT") or "200000")
+# What-if replays (POST /api/v1/whatif, Preview impact, manage.py whatif) run in processes of
+# their own: this many at once in the whole deployment, this many more waiting in each worker,
+# each stopped after this many seconds; a draft names at most so many tenants and rules.
+# policies.E007 checks them; docs/OPERATIONS.md.
+# Console requests (anything but the gateways' paths, limiter_admin/admission.py) running at
+# once in one worker; more get 503 at once, so that the rest of the threads stay the gateways'.
+# Unset: half the worker's threads (gunicorn's --threads; 8 under make run, so 4).
+LIMITER_CONSOLE_CONCURRENCY = env_int("LIMITER_CONSOLE_CONCURRENCY", None)
+# The admin's login form, per client address: this many posts at once, then this many a
+# minute (limiter_admin/login_limit.py); the rest get 429 before any password is hashed.
+LIMITER_LOGIN_ATTEMPTS = env_int("LIMITER_LOGIN_ATTEMPTS", 10)
+LIMITER_LOGIN_PER_MINUTE = env_int("LIMITER_LOGIN_PER_MINUTE", 10)
+LIMITER_WHATIF_CONCURRENCY = env_int("LIMITER_WHATIF_CONCURRENCY", 1)
+LIMITER_WHATIF_QUEUE = env_int("LIMITER_WHATIF_QUEUE", 4)
+LIMITER_WHATIF_SECONDS = env_int("LIMITER_WHATIF_SECONDS", 120)
+LIMITER_WHATIF_MAX_TENANTS = env_int("LIMITER_WHATIF_MAX_TENANTS", 1000)
+LIMITER_WHATIF_MAX_RULES = env_int("LIMITER_WHATIF_MAX_RULES", 5000)
 # Envoy's rate limit service (manage.py serve_rls, POST /api/v1/rls/json; docs/GATEWAYS.md):
 # the domain Envoy's ratelimit filter must send, and whether a call must carry a decide-scope
 # service token (gRPC metadata `authorization: Bearer ...`).
 LIMITER_RLS_DOMAIN = env_str("LIMITER_RLS_DOMAIN") or "limiter"
-LIMITER_RLS_REQUIRE_TOKEN = env_bool("LIMITER_RLS_REQUIRE_TOKEN", False)
+# Envoy's rate limit service spends tenants' limits: a call carries a decide-scope token unless
+# this says otherwise, which only a loopback address may serve (policies.rls_service).
+LIMITER_RLS_REQUIRE_TOKEN = env_bool("LIMITER_RLS_REQUIRE_TOKEN", True)
 # Forward-auth (/api/v1/authz, docs/GATEWAYS.md): the request header that carries each level's
 # key, as JSON; the global level's key is always "*" (policies.E005 checks the map).
 LIMITER_AUTHZ_KEYS = env_json("LIMITER_AUTHZ_KEYS", {"user": "X-Limiter-User", "team": "X-Limiter-Team"})
+# The least cost a forward-auth request may name in X-Limiter-Cost: below it is a 400. At the
+# default cost, 1, a forged header can make a request dearer, never cheaper; 0: no floor
+# (a cost above 0). policies.E006 checks it.
+LIMITER_AUTHZ_MIN_COST = env_number("LIMITER_AUTHZ_MIN_COST", 1)
+# Alerts (docs/OPERATIONS.md, "Alerts"): each serving worker evaluates the tenants it saw
+# every LIMITER_ALERT_EVERY seconds (0: no evaluation in this process), off the decisions'
+# path; a delivery waits LIMITER_ALERT_TIMEOUT seconds for the receiver, and is tried
+# LIMITER_ALERT_ATTEMPTS times, LIMITER_ALERT_BACKOFF seconds after the first failure, then
+# twice as long after each next one. policies.E008 checks them.
+LIMITER_ALERT_EVERY = env_number("LIMITER_ALERT_EVERY", 5.0)
+LIMITER_ALERT_TIMEOUT = env_number("LIMITER_ALERT_TIMEOUT", 5.0)
+LIMITER_ALERT_ATTEMPTS = env_int("LIMITER_ALERT_ATTEMPTS", 8)
+LIMITER_ALERT_BACKOFF = env_number("LIMITER_ALERT_BACKOFF", 5.0)
 CACHES = _caches(REDIS_URL, LIMITER_STORE_TIMEOUT, LIMITER_BATCH_TIMEOUT)
 # Each alias its own pool, with its own timeouts (django-redis would share one per URL).
 DJANGO_REDIS_CONNECTION_FACTORY = "limiter_admin.redis_pools.PoolPerSettingsFactory"
@@ -222,6 +256,12 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # An alert's kind, and each kind alone (the alternatives of its window): names of their own.
+    "ENUM_NAME_OVERRIDES": {
+        "AlertKindEnum": "policies.invariants.ALERT_KINDS",
+        "QuotaUsedKindEnum": ["quota_used"],
+        "DeniedShareKindEnum": ["denied_share"],
+    },
     # The gateways' endpoints are plain Django views, described by DRF views of their own.
     "PREPROCESSING_HOOKS": ["policies.api.gateway.gateway_endpoints"],
     # The schema tells the truth about requests: unknown fields are refused, and names that

@@ -5,6 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from limiter_admin import views
+from policies.api import errors as api_errors
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
@@ -18,6 +19,6 @@ urlpatterns = [
 
 # Unknown API paths, refused bodies (too large) and bugs answer in the API's error shape,
 # not as HTML pages.
-handler400 = "limiter_admin.views.bad_request"
-handler404 = "limiter_admin.views.not_found"
-handler500 = "limiter_admin.views.server_error"
+handler400 = views.by_path(api_errors.bad_request, views.html_bad_request)
+handler404 = views.by_path(api_errors.page_not_found, views.page_not_found)
+handler500 = views.by_path(api_errors.server_error, views.html_server_error)

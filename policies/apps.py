@@ -8,6 +8,8 @@ class PoliciesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import checks, signals, tokens  # noqa: F401  (checks and tokens register themselves)
+        # Imported once the app registry is ready, as Django asks of anything that imports
+        # models; checks and tokens register themselves on import.
+        from . import checks, signals, tokens  # noqa: F401
 
         signals.connect()

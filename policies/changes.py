@@ -22,7 +22,7 @@ from django.utils import timezone
 from core import ConfigError
 from core.rules import build_rule
 
-from .models import Level, Rule, Tenant, Tier
+from .models import Alert, Level, PolicySettings, PriorityClass, Rule, Tenant, Tier
 
 ARROW = "→"
 MOST_SHOWN = 3  # changes of one record a sentence spells out; the rest are counted
@@ -299,13 +299,11 @@ MOST_RECORDS = 3  # rows a version's summary words one by one; more are counted 
 def version_records(versions: Iterable[int]) -> dict[int, list]:
     """The history records each policy version made, by version: a tier's or tenant's rules
     are in its own record, so their rows' records are left out where the owner has one."""
-    from .models import Level, PolicySettings, PriorityClass
-
     versions = set(versions)
     out: dict[int, list] = {version: [] for version in versions}
     if not versions:
         return out
-    for model in (Level, Tier, Tenant, Rule, PriorityClass, PolicySettings):
+    for model in (Level, Tier, Tenant, Rule, PriorityClass, PolicySettings, Alert):
         for record in model.history.filter(policy_version__in=versions).order_by("history_date", "history_id"):
             out[record.policy_version].append(record)
     for version, records in out.items():

@@ -3,17 +3,22 @@ check`, `migrate`, `runserver`), not by the first request that needs it."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.checks import Error, register
 from django.db import DatabaseError
 
 from core import ConfigError, MemoryStore
+from core.recorder import check_limit
+from core.stores.cluster import check_options, parse_cluster_url
+from core.stores.redis import KEY_FORMATS
+
+from .compile import read_policy
+from .services.forward_auth import authz_keys_problems, min_cost_problems
 
 
 @register("policies")
 def check_policies_compile(app_configs=None, **kwargs) -> list[Error]:
     """policies.E001: every tier, and every tenant with overrides, compiles into a limiter."""
-    from .compile import read_policy
-
     try:
         policy = read_policy()
     except DatabaseError:
@@ -39,12 +44,8 @@ def check_policies_compile(app_configs=None, **kwargs) -> list[Error]:
 def check_cluster_settings(app_configs=None, **kwargs) -> list[Error]:
     """policies.E002: on a Redis Cluster (REDIS_URL=redis-cluster://...), the LIMITER_CLUSTER_*
     settings make a store."""
-    from django.conf import settings
-
     if not (settings.REDIS_URL or "").startswith("redis-cluster://"):
         return []
-    from core.stores.cluster import check_options, parse_cluster_url
-
     try:
         parse_cluster_url(settings.REDIS_URL)
         check_options(
@@ -66,10 +67,6 @@ def check_cluster_settings(app_configs=None, **kwargs) -> list[Error]:
 @register("policies")
 def check_key_format(app_configs=None, **kwargs) -> list[Error]:
     """policies.E003: LIMITER_KEY_FORMAT names a key format of the Redis store."""
-    from django.conf import settings
-
-    from core.stores.redis import KEY_FORMATS
-
     if settings.LIMITER_KEY_FORMAT in KEY_FORMATS:
         return []
     return [
@@ -83,10 +80,6 @@ def check_key_format(app_configs=None, **kwargs) -> list[Error]:
 @register("policies")
 def check_record_limit(app_configs=None, **kwargs) -> list[Error]:
     """policies.E004: LIMITER_RECORD_LIMIT is a number of records, 0 (off) or more."""
-    from django.conf import settings
-
-    from core.recorder import check_limit
-
     try:
         check_limit(settings.LIMITER_RECORD_LIMIT)
     except ConfigError as error:
@@ -97,11 +90,70 @@ def check_record_limit(app_configs=None, **kwargs) -> list[Error]:
 @register("policies")
 def check_authz_keys(app_configs=None, **kwargs) -> list[Error]:
     """policies.E005: LIMITER_AUTHZ_KEYS maps level names to request header names."""
-    from django.conf import settings
-
-    from .api.authz import authz_keys_problems
-
     return [
         Error(f"LIMITER_AUTHZ_KEYS {problem}", id="policies.E005")
         for problem in authz_keys_problems(settings.LIMITER_AUTHZ_KEYS)
     ]
+
+
+@register("policies")
+def check_authz_min_cost(app_configs=None, **kwargs) -> list[Error]:
+    """policies.E006: LIMITER_AUTHZ_MIN_COST is a cost, or 0 for no floor."""
+    return [
+        Error(f"LIMITER_AUTHZ_MIN_COST {problem}", id="policies.E006")
+        for problem in min_cost_problems(settings.LIMITER_AUTHZ_MIN_COST)
+    ]
+
+
+# The what-if's (policies.services.whatif) and the login form's (limiter_admin/login_limit.py)
+# bounds, and the least each may be.
+WHATIF_SETTINGS = {
+    "LIMITER_CONSOLE_CONCURRENCY": 0,
+    "LIMITER_LOGIN_ATTEMPTS": 1,
+    "LIMITER_LOGIN_PER_MINUTE": 1,
+    "LIMITER_WHATIF_CONCURRENCY": 1,
+    "LIMITER_WHATIF_QUEUE": 0,
+    "LIMITER_WHATIF_SECONDS": 1,
+    "LIMITER_WHATIF_MAX_TENANTS": 1,
+    "LIMITER_WHATIF_MAX_RULES": 1,
+}
+
+
+@register("policies")
+def check_whatif_settings(app_configs=None, **kwargs) -> list[Error]:
+    """policies.E007: the what-if's and the login form's bounds are whole numbers, each at
+    least its least."""
+    errors = []
+    for name, least in WHATIF_SETTINGS.items():
+        value = getattr(settings, name)
+        if value is None and name == "LIMITER_CONSOLE_CONCURRENCY":
+            continue  # unset: half the worker's threads
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            errors.append(
+                Error(f"{name} must be a whole number of at least {least}, not {value!r}", id="policies.E007")
+            )
+    return errors
+
+
+# The alerts' settings (policies.services.alerts), and the least each may be.
+ALERT_SETTINGS = {
+    "LIMITER_ALERT_EVERY": 0.0,
+    "LIMITER_ALERT_TIMEOUT": 0.1,
+    "LIMITER_ALERT_ATTEMPTS": 1,
+    "LIMITER_ALERT_BACKOFF": 0.0,
+}
+
+
+@register("policies")
+def check_alert_settings(app_configs=None, **kwargs) -> list[Error]:
+    """policies.E008: the alerts' cadence, timeout, attempts and backoff are numbers, each at
+    least its least (LIMITER_ALERT_ATTEMPTS a whole number)."""
+    errors = []
+    for name, least in ALERT_SETTINGS.items():
+        value = getattr(settings, name)
+        whole = isinstance(least, int)
+        kind = (int,) if whole else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kind) or not value >= least:  # NaN too
+            what = "a whole number" if whole else "a number"
+            errors.append(Error(f"{name} must be {what} of at least {least:g}, not {value!r}", id="policies.E008"))
+    return errors

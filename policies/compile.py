@@ -3,7 +3,7 @@
     cache = PolicyCache()
     cache.decide({"user": "u1", "team": "acme", "global": "*"}, cost=1, priority="batch")
 
-A `Policy` is every row read at once into plain dicts; `PolicyCache` compiles one limiter per
+A `Policy` (policies.policy) is every row read at once into plain dicts; `PolicyCache` compiles one limiter per
 tier and one per tenant whose overrides apply, lazily, and keeps them until the policy
 version changes. A warm decision does no database query: the version is read at most once
 per `check_every` seconds, and override expiry is a comparison against the earliest
@@ -17,7 +17,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -25,17 +25,13 @@ from django.db import DatabaseError, transaction
 
 from core import Decision, HierarchicalLimiter, ReservationNotFound, Store
 
+from .models import Level, PolicySettings, PriorityClass, Rule, Tenant
+from .policy import TENANT_LEVEL, Policy, TenantPolicy
 from .signals import current_version
 from .stores import limiter_store
 
 log = logging.getLogger(__name__)
 
-# The level whose key names a tenant.
-TENANT_LEVEL = "team"
-# The level whose key names a user: the statistics show a user as "team / user".
-USER_LEVEL = "user"
-# Where global rules go when no level is named `global`: the broadest (last) one.
-GLOBAL_LEVEL = "global"
 # How often a worker asks the database whether the policy changed: an edit reaches every
 # worker within twice this (the check, then the reload), well inside a second.
 CHECK_EVERY = 0.5
@@ -45,74 +41,9 @@ class PolicyUnavailable(RuntimeError):
     """No policy could be read, and none was read before: there is nothing to decide with."""
 
 
-@dataclass(frozen=True)
-class TenantPolicy:
-    tier: str
-    overrides: dict[str, list[dict]]  # level -> rule specs
-    until: float | None  # epoch seconds; None: the overrides never expire
-
-    def overrides_apply(self, now: float) -> bool:
-        return bool(self.overrides) and (self.until is None or now < self.until)
-
-
-@dataclass(frozen=True)
-class Policy:
-    """Every policy row, read at once, as plain data."""
-
-    version: int
-    levels: tuple[str, ...]
-    fail_modes: dict[str, dict]
-    tiers: dict[str, dict[str, list[dict]]]
-    global_rules: dict[str, list[dict]]
-    tenants: dict[str, TenantPolicy]
-    default_tier: str | None
-    priorities: dict[str, dict] = field(default_factory=dict)
-
-    def config(self, tier: str | None, overrides: Mapping[str, list[dict]] | None = None) -> dict:
-        """The engine config of a tier, with a tenant's overrides replacing whole levels."""
-        rules = self.tiers.get(tier, {}) if tier else {}
-        overrides = overrides or {}
-        return {
-            level: [*overrides.get(level, rules.get(level, [])), *self.global_rules.get(level, [])]
-            for level in self.levels
-        }
-
-    def route(self, team_key: str | None, now: float) -> tuple[str, str | None]:
-        """Which limiter serves a team key: its tenant's own, or its tier's."""
-        tenant = self.tenants.get(team_key) if team_key is not None else None
-        if tenant is None:
-            return ("tier", self.default_tier)
-        if tenant.overrides_apply(now):
-            return ("tenant", team_key)
-        return ("tier", tenant.tier)
-
-    def next_expiry(self, now: float) -> float:
-        """The earliest time after `now` at which some tenant's overrides stop applying."""
-        return min(
-            (t.until for t in self.tenants.values() if t.overrides and t.until is not None and t.until > now),
-            default=math.inf,
-        )
-
-    def limiter(
-        self, route: tuple[str, str | None], store: Store, clock: Callable[[], float] | None
-    ) -> HierarchicalLimiter:
-        kind, name = route
-        if kind == "tenant":
-            assert name is not None, route  # a tenant's route names the tenant
-            tenant = self.tenants[name]
-            config = self.config(tenant.tier, tenant.overrides)
-        else:
-            config = self.config(name)
-        return HierarchicalLimiter.from_config(
-            config, store=store, clock=clock, priorities=self.priorities, fail_modes=self.fail_modes
-        )
-
-
 def read_policy() -> Policy:
     """Read the whole policy. The version is read first: data newer than it only causes
     one more reload, never a missed one."""
-    from .models import Level, PolicySettings, PriorityClass, Rule, Tenant
-
     with transaction.atomic():
         version = current_version()
         levels = list(Level.objects.order_by("position", "name").values_list("name", "fail_mode", "fallback_fraction"))

@@ -15,10 +15,12 @@ been checked against the policy as it is now (`policies.invariants`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from .invariants import PolicyViolation, check_owner_rules
-from .models import Level, Rule, Tenant, Tier
+from .integrity import check_owner
+from .invariants import PolicyViolation
+from .models import Level, Rule, Tenant, Tier, rule_specs
 
 RULE_FIELDS = ("position", "type", "params", "label", "shadow", "counts")
 
@@ -67,7 +69,7 @@ def revert_refusal(record) -> str | None:
             f"reverting to it could not put its rules back. Edit the {kind} instead."
         )
     try:
-        check_owner_rules(kind, rules_by_level(record))
+        check_owner(kind, rules_by_level(record))
     except PolicyViolation as error:
         return f"Its rules at this version would break the policy as it is now: {error}"
     return None
@@ -94,3 +96,26 @@ def put_back_rules(owner: Tier | Tenant, record) -> None:
     for row in record.rules:
         Rule(level=levels[row["level"]], **owned_by(owner), **{name: row[name] for name in RULE_FIELDS}).save()
     record_rules(owner)
+
+
+def replace_rules(
+    owner: Tier | Tenant | None, rules: Mapping[str, list[Any]], levels: Mapping[str, Level] | None = None
+) -> bool:
+    """Make the rules of `owner` (None: the global rules) these specs by level name, replacing
+    them all. Left alone when nothing changes, so that the audit trail shows real changes
+    only; True when they changed. The caller has checked them (`policies.invariants`), and
+    saved the owner first in the same transaction: its history record made by that save
+    then holds these rules."""
+    held = {"tier": owner if isinstance(owner, Tier) else None, "tenant": owner if isinstance(owner, Tenant) else None}
+    current = Rule.objects.filter(**held).select_related("level")
+    wanted = {level: [Rule.from_spec(spec).spec() for spec in specs] for level, specs in rules.items() if specs}
+    if rule_specs(current) == wanted:
+        return False
+    levels = levels if levels is not None else {level.name: level for level in Level.objects.all()}
+    current.delete()
+    for level, specs in wanted.items():
+        for position, spec in enumerate(specs):
+            Rule.from_spec(spec, level=levels[level], position=position, **held).save()
+    if owner is not None:
+        record_rules(owner)
+    return True

@@ -1,6 +1,10 @@
 """The invariants of a policy, each stated once. The admin, the REST API and the policy file
 (`loadpolicies`) all call these functions; none of them words a policy rule of its own.
 
+Pure: specs in, violations out. Nothing here reads a row; the invariants that need the stored
+rows (a change checked against every owner's rules, a row still in use) are in
+`policies.integrity`, above the models, and call these.
+
 A violation is a `PolicyViolation`, a core.ConfigError, so a policy file reports it as it
 reports any bad field: `path` says where, relative to what was checked (`user[1]`,
 `capacity`), and `reason` says why, in the same words whichever path refused it. A
@@ -46,28 +50,47 @@ Inventory: every invariant, where it was checked before, and where it lives now.
     priority classes used without a word, and those classes fell back to `global`. Now:
     `check_deletable`, called by the API, the admin (`get_deleted_objects`, which also
     serves its bulk delete action) and the loader.
+12. A soft quota's `demote_to` names a priority class of the policy: `check_demotions` (the
+    file, the API, the admin), and a priority class a quota demotes to is not deleted
+    (`check_deletable`).
 11. A row changed since it was read is not saved over it (optimistic locking): one place,
     `Versioned.save`. The admin's page and the API compare the version first only to word
     the refusal for their reader. Unchanged.
+12. An alert (issue 21) has a known kind and format, a threshold above 0 and at most 1, a
+    window for `denied_share` alone (1 minute to 24 hours, in whole minutes, hours or a day:
+    the statistics count whole minutes), a webhook URL of http or https with a host (a
+    pattern the REST schema states too), and a secret. New: `check_alert`
+    for the file, and its parts (`check_alert_kind`, `check_threshold`, `check_alert_window`,
+    `check_webhook_url`, `check_alert_format`, `check_alert_secret`) for the Alert row's clean,
+    hence the admin and the API.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.core.validators import RegexValidator
+from django.core.validators import MaxLengthValidator, RegexValidator
 
 from core import ConfigError
 from core.config import DEFAULT_FALLBACK_FRACTION, FailMode, parse_fail_modes, parse_priorities
 from core.rules import build_rule
 
-if TYPE_CHECKING:
-    from .models import Rule
+from .durations import MAX_WINDOW, whole_numbers_up_to, window_pattern, window_seconds
 
 # \A and \Z, not ^ and $: `$` also matches before a trailing newline.
 NAME_VALIDATOR = RegexValidator(r"\A[A-Za-z0-9_.:-]+\Z", "Letters, digits and _ . : - only.")
+# What the Rule row keeps of a spec: its label and type in columns of this many characters
+# (policies.models declares the columns with these).
+MAX_LABEL = 64
+MAX_RULE_TYPE = 64
+# A level's, tier's or priority class's name, in its column.
+MAX_NAME = 64
+# A spec's keys that the Rule row keeps in columns of their own; every other key is a parameter.
+SPEC_FIELDS = ("type", "label", "shadow", "counts")
 
 RuleSpecs = Mapping[str, list[Any]]  # rule specs by level name, as the policy file spells them
 
@@ -116,6 +139,15 @@ def check_name(value: Any) -> str:
     return value
 
 
+def check_name_length(value: str) -> str:
+    """A name no longer than its column holds (MAX_NAME), as the row's `name` field says."""
+    try:
+        MaxLengthValidator(MAX_NAME)(value)
+    except ValidationError as error:
+        raise PolicyViolation(" ".join(error.messages)) from None
+    return value
+
+
 # Levels and priority classes -------------------------------------------------------------------
 
 
@@ -140,30 +172,39 @@ def check_watermark(watermark: Any) -> float:
 
 def check_rule(spec: Any, path: str = "") -> None:
     """One rule spec builds with the engine and fits the Rule row that keeps it (invariant 5)."""
-    from .models import Rule
-
     try:
         build_rule(spec, "")
     except ConfigError as error:
         raise within(path, error) from None
-    try:
-        Rule.from_spec(spec).clean_fields(exclude=["tier", "tenant", "level", "position"])
-    except ValidationError as error:
-        field, messages = next(iter(error.message_dict.items()))
-        raise within(path, PolicyViolation(" ".join(messages), field)) from None
+    for field, most in (("type", MAX_RULE_TYPE), ("label", MAX_LABEL)):
+        try:
+            MaxLengthValidator(most)(spec.get(field) or "")
+        except ValidationError as error:
+            raise within(path, PolicyViolation(" ".join(error.messages), field)) from None
 
 
-def check_owner_rules(kind: str, rules: RuleSpecs, global_rules: RuleSpecs | None = None) -> None:
-    """The rules of one tier or tenant (`kind`), with the global rules of each level (the
-    stored ones unless given): each builds, a tier has one at least (invariant 7), and none
-    repeats another at its level, its owner's or a global one (invariant 8). The path names
-    the owner's rule (`user[1]`)."""
+def check_owner_rules(kind: str, rules: RuleSpecs, global_rules: RuleSpecs) -> None:
+    """The rules of one tier or tenant (`kind`), with the global rules of each level: each
+    builds, a tier has one at least (invariant 7), and none repeats another at its level, its
+    owner's or a global one (invariant 8). The path names the owner's rule (`user[1]`).
+    policies.integrity.check_owner checks them against the stored global rules."""
     for level, specs in rules.items():
         for i, spec in enumerate(specs):
             check_rule(spec, f"{level}[{i}]")
     if kind == "tier" and not any(rules.values()):
         raise PolicyViolation("a tier needs at least one rule")
-    refuse_repeats(rules, stored_global_rules() if global_rules is None else global_rules)
+    refuse_repeats(rules, global_rules)
+
+
+def check_demotions(rules: RuleSpecs, priorities: Iterable[str]) -> None:
+    """Every soft quota's `demote_to` names one of the policy's priority classes (invariant
+    12): a request past it is decided under that class's watermarks. The path names the rule."""
+    known = set(priorities)
+    for level, specs in rules.items():
+        for i, spec in enumerate(specs):
+            name = spec.get("demote_to") if isinstance(spec, Mapping) else None
+            if name is not None and name not in known:
+                raise PolicyViolation(unknown("priority class", name, sorted(known)), f"{level}[{i}].demote_to")
 
 
 def check_global_rules(global_rules: RuleSpecs) -> None:
@@ -190,99 +231,117 @@ def refuse_repeats(rules: RuleSpecs, global_rules: RuleSpecs) -> None:
             seen[built.rule_id] = f"rule {i}"
 
 
-def stored_global_rules() -> dict[str, list[dict]]:
-    """The global rules in the store, as specs by level name."""
-    from .models import Rule, rule_specs
+# Alerts ------------------------------------------------------------------------------------------
 
-    return rule_specs(Rule.objects.filter(tier=None, tenant=None).select_related("level"))
-
-
-def check_rule_rows(save: Rule | None = None, delete: Iterable[Rule] = ()) -> None:
-    """Rule rows changed one by one (the admin's rule page and its delete action): `save`
-    (a new row, or a stored one changed) and `delete` leave every owner they touch, before
-    and after, with its invariants (7 and 8). A change of a global rule is checked with
-    every tier's and tenant's rules. The path names the owner: `tiers.pro.user[1]`."""
-    from .models import Rule, rule_specs
-
-    delete = list(delete)
-    gone = {rule.pk for rule in delete}
-    changed = [*delete]
-    if save is not None and save.pk is not None:
-        gone.add(save.pk)
-        changed += Rule.objects.filter(pk=save.pk)  # where it was before the change
-    rows = [rule for rule in Rule.objects.select_related("level", "tier", "tenant") if rule.pk not in gone]
-    if save is not None:
-        rows.append(save)
-        changed.append(save)
-    rows.sort(key=lambda rule: (rule.level.position, rule.level.name, rule.position, rule.pk or 0))
-    owners: dict[tuple[str, Any], list[Rule]] = {}
-    for rule in rows:
-        owners.setdefault(_owner_of(rule), []).append(rule)
-    touched = {_owner_of(rule) for rule in changed}
-    globals_ = rule_specs(owners.pop(("global", None), []))
-    if ("global", None) in touched:
-        try:
-            check_global_rules(globals_)
-        except PolicyViolation as error:
-            raise within("global", error) from None
-    for owner in touched | (set(owners) if ("global", None) in touched else set()):
-        if owner[0] == "global":
-            continue
-        specs = rule_specs(owners.get(owner, []))
-        try:
-            if owner in touched:
-                check_owner_rules(owner[0], specs, globals_)
-            else:
-                refuse_repeats(specs, globals_)
-        except PolicyViolation as error:
-            raise within(f"{owner[0]}s.{owner[1]}", error) from None
+ALERT_KINDS = ("quota_used", "denied_share")
+ALERT_FORMATS = ("json", "slack")
+# The fields of an alert as the policy file and the API spell them (`secret` is written only).
+ALERT_FIELDS = ("kind", "threshold", "window", "url", "secret", "format", "enabled")
+MAX_URL = 2000
+MAX_SECRET = 200
+MAX_WINDOW_TEXT = 16
+# A denied share's window: whole minutes, hours or a day, 1m to 24h (the statistics count
+# whole minutes). The REST schema states it with this pattern, the invariant reads it so.
+ALERT_WINDOW_PATTERN = window_pattern(MAX_WINDOW, units="mhd")
+# A webhook URL: http or https, a host (a name of letters, digits, dots and dashes, or an IP
+# address; a name outside ASCII as its punycode), an optional port from 1 to 65535, then
+# printable ASCII. The REST schema states it with this pattern, the invariant reads it so.
+WEBHOOK_URL_PATTERN = (
+    r"https?://(?:[A-Za-z0-9._~%!$&'()*+,;=:-]+@)?(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])"
+    rf"(?::(?:{whole_numbers_up_to(65535)}))?(?:[/?#][!-~]*)?"
+)
 
 
-def _owner_of(rule: Rule) -> tuple[str, Any]:
-    if rule.tier is not None:
-        return ("tier", rule.tier.name)
-    if rule.tenant is not None:
-        return ("tenant", rule.tenant.key)
-    return ("global", None)
+def check_alert_kind(kind: Any) -> str:
+    """`quota_used` or `denied_share` (invariant 12); the path is `kind`."""
+    if kind not in ALERT_KINDS:
+        raise PolicyViolation(f"must be one of {', '.join(ALERT_KINDS)}, got {kind!r}", "kind")
+    return kind
 
 
-# Deleting ----------------------------------------------------------------------------------------
+def check_threshold(threshold: Any) -> float:
+    """A share above 0 and at most 1 (invariant 12); the path is `threshold`."""
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+        raise PolicyViolation(f"must be a number above 0 and at most 1, got {threshold!r}", "threshold")
+    if not 0 < threshold <= 1:
+        raise PolicyViolation(f"must be above 0 and at most 1 (a share: 0.8 is 80%), got {threshold!r}", "threshold")
+    return float(threshold)
 
 
-def check_deletable(row: Any) -> None:
-    """A row goes only when nothing relies on it (invariant 10): a tier that is the default
-    tier or has tenants, a level that has rules or that a priority class applies at, stay.
-    Raises PolicyConflict; other rows may always go."""
-    from .models import Level, Tier
-
-    if isinstance(row, Tier):
-        _check_tier_deletable(row)
-    elif isinstance(row, Level):
-        _check_level_deletable(row)
-
-
-def _check_tier_deletable(tier: Any) -> None:
-    from .models import PolicySettings
-
-    if PolicySettings.objects.filter(pk=1, default_tier=tier).exists():
-        raise PolicyConflict(f"tier {tier.name!r} is the default tier: choose another default tier first")
-    keys = list(tier.tenants.order_by("key").values_list("key", flat=True)[:5])
-    if keys:
-        more = tier.tenants.count() - len(keys)
-        shown = ", ".join(keys) + (f" and {more} more" if more > 0 else "")
-        raise PolicyConflict(f"tier {tier.name!r} is used by tenants {shown}: move them to another tier first")
+def check_alert_window(kind: str, window: Any) -> int | None:
+    """A `denied_share` alert's window in seconds (1m to 24h, in whole minutes, hours or a
+    day); no window for any other kind (invariant 12). The path is `window`."""
+    given = window not in (None, "")
+    if kind != "denied_share":
+        if given:
+            raise PolicyViolation("only a denied_share alert has a window: leave it out", "window")
+        return None
+    if not given:
+        raise PolicyViolation("a denied_share alert needs a window, like 5m", "window")
+    seconds = window_seconds(window, ALERT_WINDOW_PATTERN)
+    if seconds is None:
+        raise PolicyViolation(f"must be a duration from 1m to 24h, like 5m, 90m or 1h; got {window!r}", "window")
+    return seconds
 
 
-def _check_level_deletable(level: Any) -> None:
-    from .models import Rule
+def check_webhook_url(url: Any) -> str:
+    """An http or https URL with a host (WEBHOOK_URL_PATTERN), of at most MAX_URL characters
+    (invariant 12); the path is `url`."""
+    if not isinstance(url, str) or not url:
+        raise PolicyViolation("a webhook URL is required: http:// or https://", "url")
+    if len(url) > MAX_URL:
+        raise PolicyViolation(f"must be a URL of at most {MAX_URL} characters", "url")
+    if re.fullmatch(WEBHOOK_URL_PATTERN, url):
+        return url
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", url)
+    if scheme is None or scheme.group(1) not in ("http", "https"):
+        named = f"{scheme.group(1)}:" if scheme else "one without a scheme"
+        raise PolicyViolation(f"must be an http:// or https:// URL, not {named}", "url")
+    if re.match(r"https?://[/?#]|https?://$|https?:(?!//)", url):
+        raise PolicyViolation("must name a host, like https://hooks.example.com/limiter", "url")
+    raise PolicyViolation(
+        "is not a valid URL: a host name of letters, digits, dots and dashes (or an IP address), a port "
+        "from 1 to 65535, and no spaces or characters outside ASCII (percent-encode them)",
+        "url",
+    )
 
-    rules = list(Rule.objects.filter(level=level).select_related("tier", "tenant"))
-    if rules:
-        owners = sorted({f"tier {r.tier}" if r.tier else f"tenant {r.tenant}" if r.tenant else "global" for r in rules})
-        raise PolicyConflict(f"level {level.name!r} has {len(rules)} rule(s) ({', '.join(owners)}): remove them first")
-    classes = list(level.priority_classes.order_by("name").values_list("name", flat=True))
-    if classes:
-        # Dropping it would quietly move those classes to their default level.
-        raise PolicyConflict(
-            f"level {level.name!r} is used by priority classes {', '.join(classes)}: take it out of their levels first"
-        )
+
+def check_alert_format(format: Any) -> str:
+    """`json` or `slack` (invariant 12); the path is `format`."""
+    if format not in ALERT_FORMATS:
+        raise PolicyViolation(f"must be one of {', '.join(ALERT_FORMATS)}, got {format!r}", "format")
+    return format
+
+
+def check_alert_secret(secret: Any) -> str:
+    """The key deliveries are signed with: a non-empty string of at most MAX_SECRET
+    characters (invariant 12); the path is `secret`."""
+    if not isinstance(secret, str) or not secret:
+        raise PolicyViolation("a secret is required: deliveries are signed with it", "secret")
+    if len(secret) > MAX_SECRET:
+        raise PolicyViolation(f"must be at most {MAX_SECRET} characters", "secret")
+    return secret
+
+
+def check_alert(spec: Any, secret_required: bool = True) -> dict:
+    """An alert as the policy file spells it (ALERT_FIELDS), checked and normalised: every
+    field but `window` (for `denied_share` only) and `secret` (when not `secret_required`:
+    the store keeps the one it has) is filled in. The path names the field."""
+    if not isinstance(spec, Mapping):
+        raise PolicyViolation(f"must be a mapping, not {type(spec).__name__}")
+    extra = sorted(set(spec) - set(ALERT_FIELDS))
+    if extra:
+        raise PolicyViolation(f"unknown field (known: {', '.join(sorted(ALERT_FIELDS))})", extra[0])
+    kind = check_alert_kind(spec.get("kind"))
+    out: dict[str, Any] = {"kind": kind, "threshold": check_threshold(spec.get("threshold"))}
+    if check_alert_window(kind, spec.get("window")) is not None:
+        out["window"] = spec["window"]
+    out["url"] = check_webhook_url(spec.get("url"))
+    if "secret" in spec or secret_required:
+        out["secret"] = check_alert_secret(spec.get("secret"))
+    out["format"] = check_alert_format(spec.get("format", "json"))
+    enabled = spec.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise PolicyViolation(f"must be true or false, got {enabled!r}", "enabled")
+    out["enabled"] = enabled
+    return out

@@ -1,4 +1,5 @@
-"""The policy store: levels, tiers, tenants, the rules they carry, priority classes.
+"""The policy store: levels, tiers, tenants, the rules they carry, priority classes (and the
+alerts, whose models are in policies.alerts).
 
 Rows are turned into limiters in one place, `policies.compile`. A row's validation calls the
 policy's invariants (`policies.invariants`), which reuse the engine's own declarations
@@ -11,19 +12,41 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
-from django.db.models import F, Q
-from django.dispatch import Signal
+from django.db.models import Q
 from django.utils import timezone
-from simple_history.models import HistoricalRecords
 
 from core import RULES
 from core.config import FAIL_MODES
 
-from .invariants import NAME_VALIDATOR, PolicyViolation, check_fail_mode, check_rule, check_watermark, taken
+from .alerts import Alert, AlertDelivery, AlertFiring, QuotaBand
+from .invariants import (
+    MAX_LABEL,
+    MAX_NAME,
+    MAX_RULE_TYPE,
+    NAME_VALIDATOR,
+    SPEC_FIELDS,
+    PolicyViolation,
+    check_fail_mode,
+    check_rule,
+    check_watermark,
+)
+from .versioning import AtPolicyVersion, PolicyHistory, StaleVersion, Versioned, versioned_save
+
+# Re-exported: the policy's writers catch StaleVersion, signals listen to versioned_save, and
+# Django finds the app's models here (the alerts' are a topic of their own: policies.alerts).
+__all__ = [
+    "Alert",
+    "AlertDelivery",
+    "AlertFiring",
+    "PolicyHistory",
+    "QuotaBand",
+    "StaleVersion",
+    "Versioned",
+    "versioned_save",
+]
 
 COUNTS_CHOICES = [("cost", "cost"), ("requests", "requests (1 per request)")]
 
@@ -31,48 +54,6 @@ COUNTS_CHOICES = [("cost", "cost"), ("requests", "requests (1 per request)")]
 def rule_type_choices():
     """The rule types the engine knows: derived from core.RULES, never typed twice."""
     return [(name, name) for name in sorted(RULES)]
-
-
-def _history_user(request=None, **kwargs):
-    """The operator whose session made a change; None for a caller that is no Django user."""
-    user = getattr(request, "user", None)
-    return user if isinstance(user, AbstractBaseUser) else None
-
-
-class AtPolicyVersion(models.Model):
-    """What every policy history record keeps beyond the row's own fields: the policy version
-    its change made, so that a version (`PolicyChange`) lists the records it made."""
-
-    policy_version = models.PositiveBigIntegerField(
-        null=True,
-        blank=True,
-        editable=False,
-        db_index=True,
-        help_text="The policy version this change made. Empty in records made before versions were logged.",
-    )
-
-    class Meta:
-        abstract = True
-
-
-class PolicyHistory(HistoricalRecords):
-    """The audit trail of a policy model, naming who made each change. An operator's session
-    is the history's user. A service token is no Django user (the API's `request.user` for
-    it is a TokenUser), so its changes have no user and name it in the change reason
-    instead: `token:<name>`, its str(). This covers every row a write touches (an owner's
-    rules, a priority class's levels, deletions), not only the one the view saves."""
-
-    def __init__(self, **kwargs):
-        kwargs.setdefault("bases", [AtPolicyVersion])
-        super().__init__(get_user=_history_user, **kwargs)
-
-    def get_change_reason_for_object(self, instance, history_type, using):
-        reason = super().get_change_reason_for_object(instance, history_type, using)  # `_change_reason`
-        if reason is None:
-            user = getattr(getattr(self.context, "request", None), "user", None)
-            if user is not None and user.is_authenticated and not isinstance(user, AbstractBaseUser):
-                reason = str(user)[:100]  # the reason column holds 100 characters
-        return reason
 
 
 class RulesAtVersion(AtPolicyVersion):
@@ -91,48 +72,10 @@ class RulesAtVersion(AtPolicyVersion):
         abstract = True
 
 
-class StaleVersion(Exception):
-    """A save of a row that someone else changed since it was read (optimistic locking)."""
-
-
-# Sent by a versioned row's save before it writes anything (its version check is a write):
-# the policy version is bumped there, so that every policy write locks the version row first.
-versioned_save = Signal()
-
-
-class Versioned(models.Model):
-    """Optimistic locking: every save bumps `version`, and a save of a stale copy is refused."""
-
-    version = models.PositiveIntegerField(default=1, editable=False)
-    # Set before a save to give its history record a reason (django-simple-history reads it).
-    _change_reason: str
-
-    class Meta:
-        abstract = True
-
-    def save(self, *args, **kwargs):
-        if not self._state.adding and self.pk is not None:
-            versioned_save.send(sender=type(self), instance=self, using=kwargs.get("using") or "default")
-            # A conditional UPDATE, so two saves of the same version cannot both win.
-            stored = type(self)._default_manager.filter(pk=self.pk, version=self.version)
-            bumped = stored.update(version=F("version") + 1)
-            if not bumped:
-                raise StaleVersion(f"{self._meta.verbose_name} {self} changed since you opened it")
-            self.version += 1
-        super().save(*args, **kwargs)
-
-    def unique_error_message(self, model_class, unique_check):
-        # One wording for a name taken, whoever asks: the admin's form, the API (a 409).
-        if len(unique_check) == 1:
-            value = getattr(self, unique_check[0])
-            return ValidationError(taken(str(self._meta.verbose_name), value), code="unique")
-        return super().unique_error_message(model_class, unique_check)
-
-
 class Level(Versioned):
     """A named scope, in evaluation order, with what it does while the store is down."""
 
-    name = models.CharField(max_length=64, unique=True, validators=[NAME_VALIDATOR])
+    name = models.CharField(max_length=MAX_NAME, unique=True, validators=[NAME_VALIDATOR])
     position = models.PositiveIntegerField(default=0, help_text="Evaluation order: lower first.")
     fail_mode = models.CharField(
         max_length=8,
@@ -162,7 +105,7 @@ class Level(Versioned):
 class Tier(Versioned):
     """A plan (free, pro, ...): rules for each level."""
 
-    name = models.CharField(max_length=64, unique=True, validators=[NAME_VALIDATOR])
+    name = models.CharField(max_length=MAX_NAME, unique=True, validators=[NAME_VALIDATOR])
     history = PolicyHistory(bases=[RulesAtVersion])
 
     class Meta:
@@ -200,11 +143,13 @@ class Rule(models.Model):
     tier = models.ForeignKey(Tier, null=True, blank=True, on_delete=models.CASCADE, related_name="rules")
     tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="rules")
     level = models.ForeignKey(Level, on_delete=models.PROTECT, related_name="rules")
-    type = models.CharField(max_length=64, choices=rule_type_choices)
+    type = models.CharField(max_length=MAX_RULE_TYPE, choices=rule_type_choices)
     params = models.JSONField(
         default=dict, blank=True, help_text='The rule type\'s parameters, e.g. {"capacity": 100, "per_second": 10}.'
     )
-    label = models.CharField(max_length=64, blank=True, help_text="Reason code a denial reports, e.g. RPM_LIMIT.")
+    label = models.CharField(
+        max_length=MAX_LABEL, blank=True, help_text="Reason code a denial reports, e.g. RPM_LIMIT."
+    )
     shadow = models.BooleanField(default=False, help_text="Evaluated and counted, never denies.")
     counts = models.CharField(max_length=8, choices=COUNTS_CHOICES, default="cost")
     position = models.PositiveIntegerField(default=0)
@@ -265,10 +210,6 @@ class Rule(models.Model):
             raise ValidationError({"params": str(error)}) from None
 
 
-# A rule spec's keys that are the row's own fields; every other key is a parameter.
-SPEC_FIELDS = ("type", "label", "shadow", "counts")
-
-
 def rule_specs(rules: Iterable[Rule]) -> dict[str, list[dict]]:
     """Rule rows (ordered by level, then position) as specs by level name, as the policy file
     spells them."""
@@ -278,35 +219,10 @@ def rule_specs(rules: Iterable[Rule]) -> dict[str, list[dict]]:
     return out
 
 
-def replace_rules(
-    owner: Tier | Tenant | None, rules: Mapping[str, list[Any]], levels: Mapping[str, Level] | None = None
-) -> bool:
-    """Make the rules of `owner` (None: the global rules) these specs by level name, replacing
-    them all. Left alone when nothing changes, so that the audit trail shows real changes
-    only; True when they changed. The caller has checked them (`policies.invariants`), and
-    saved the owner first in the same transaction: its history record made by that save
-    then holds these rules (`policies.history`)."""
-    held = {"tier": owner if isinstance(owner, Tier) else None, "tenant": owner if isinstance(owner, Tenant) else None}
-    current = Rule.objects.filter(**held).select_related("level")
-    wanted = {level: [Rule.from_spec(spec).spec() for spec in specs] for level, specs in rules.items() if specs}
-    if rule_specs(current) == wanted:
-        return False
-    levels = levels if levels is not None else {level.name: level for level in Level.objects.all()}
-    current.delete()
-    for level, specs in wanted.items():
-        for position, spec in enumerate(specs):
-            Rule.from_spec(spec, level=levels[level], position=position, **held).save()
-    if owner is not None:
-        from .history import record_rules
-
-        record_rules(owner)
-    return True
-
-
 class PriorityClass(Versioned):
     """A request class that must leave `watermark` x capacity untouched at its levels."""
 
-    name = models.CharField(max_length=64, unique=True, validators=[NAME_VALIDATOR])
+    name = models.CharField(max_length=MAX_NAME, unique=True, validators=[NAME_VALIDATOR])
     watermark = models.FloatField(
         default=0.0,
         validators=[MinValueValidator(0.0)],
@@ -435,3 +351,29 @@ class ServiceToken(models.Model):
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+
+class CreditTopUp(models.Model):
+    """Credits added to a tenant's balance (a quota with `period: none`): who, how much, and
+    the balance after. A top-up is no change of the policy (it bumps no version): the credits
+    are state in the store, and this is their ledger."""
+
+    tenant_key = models.CharField(max_length=200, db_index=True)
+    level = models.CharField(max_length=64)
+    rule = models.CharField(max_length=500, help_text="The quota as blocked_by names it, without its level.")
+    amount = models.FloatField()
+    balance = models.FloatField(null=True, blank=True, help_text="What was left after it.")
+    at = models.DateTimeField("when", default=timezone.now, db_index=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    by = models.CharField(
+        "author", max_length=150, blank=True, help_text="The operator's name, or a service token (token:<name>)."
+    )
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        verbose_name = "credit top-up"
+
+    def __str__(self):
+        return f"{self.tenant_key}: +{self.amount:g} ({self.rule})"

@@ -22,6 +22,7 @@ from core import RULES, ConfigError
 from core.rules import build_rule
 
 from .history import record_rules
+from .integrity import check_owner
 from .models import Level, PolicySettings, Rule, StaleVersion, Tenant
 
 MAX_FACTOR = 100.0
@@ -138,10 +139,8 @@ def _raised(spec: dict, factor: float) -> dict:
 
 
 def _check(level: str, specs: list[dict]) -> None:
-    from .invariants import check_owner_rules  # the one check the admin, the API and files share
-
     try:
-        check_owner_rules("tenant", {level: specs})
+        check_owner("tenant", {level: specs})  # the one check the admin, the API and files share
     except ConfigError as error:
         raise QuickRaiseRefused(f"The raised rules would not build: {error.path}: {error.reason}.") from None
 
@@ -163,13 +162,6 @@ def _save_tenant(tenant: Tenant | None, key: str, until: datetime, reason: str) 
 
 
 def _rule_from_spec(spec: dict, **fields) -> Rule:
-    rule = Rule(
-        type=spec["type"],
-        label=spec.get("label") or "",
-        shadow=bool(spec.get("shadow", False)),
-        counts=spec.get("counts", "cost"),
-        params={name: value for name, value in spec.items() if name not in ("type", "label", "shadow", "counts")},
-        **fields,
-    )
+    rule = Rule.from_spec(spec, **fields)
     rule.full_clean()
     return rule

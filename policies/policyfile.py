@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,19 +25,25 @@ from django.utils.dateparse import parse_datetime
 from core import ConfigError
 from core.config import DEFAULT_FALLBACK_FRACTION, parse_priorities
 
-from .compile import GLOBAL_LEVEL
+from .documents import TOO_DEEP, too_deep
+from .history import replace_rules
+from .integrity import check_deletable
 from .invariants import (
     PolicyViolation,
-    check_deletable,
+    check_alert,
+    check_demotions,
     check_fail_mode,
     check_global_rules,
     check_name,
+    check_name_length,
     check_owner_rules,
     unknown,
     within,
 )
+from .models import Alert, Level, PolicySettings, PriorityClass, Rule, Tenant, Tier
+from .policy import GLOBAL_LEVEL, Policy, TenantPolicy
 
-TOP_LEVEL_FIELDS = ("default_tier", "levels", "tiers", "global", "tenants", "priorities")
+TOP_LEVEL_FIELDS = ("default_tier", "levels", "tiers", "global", "tenants", "priorities", "alerts")
 DEFAULT_LEVELS = ({"name": "user"}, {"name": "team"}, {"name": "global"})
 
 
@@ -52,15 +59,16 @@ def read_file(path: str | Path) -> Any:
         doc = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as error:
         raise ConfigError(f"not valid {kind}: {error}") from None
-    except RecursionError:
-        raise ConfigError(f"not valid {kind}: nested too deeply") from None
+    except RecursionError:  # deeper than Python's stack
+        raise ConfigError(f"the {kind} is {TOO_DEEP}") from None
+    # Also a YAML alias inside itself (`&a [*a]`), which json.dumps would refuse with a ValueError.
+    if too_deep(doc):
+        raise ConfigError(f"the {kind} is {TOO_DEEP}")
     try:
         # A JSON escape such as "\ud800" gives a lone surrogate, which no database can store.
         json.dumps(doc, ensure_ascii=False, default=str).encode("utf-8")
     except UnicodeEncodeError:
         raise ConfigError(f"not valid {kind}: a string holds a lone surrogate (\\ud800 to \\udfff)") from None
-    except RecursionError:
-        raise ConfigError(f"not valid {kind}: nested too deeply") from None
     return doc
 
 
@@ -89,7 +97,7 @@ def check_document(doc: Any) -> dict:
     global_rules = _check_global(doc.get("global", []), names)
     tiers = {}
     for name, spec in _mapping(doc.get("tiers", {}), "tiers").items():
-        _name(name, f"tiers.{name}")
+        _name(name, f"tiers.{name}", f"tiers.{name}.name")
         tiers[name] = _owner_rules("tier", spec, names, global_rules, f"tiers.{name}")
     default_tier = doc.get("default_tier")
     if default_tier is not None and not _names_one_of(default_tier, tiers):
@@ -100,7 +108,17 @@ def check_document(doc: Any) -> dict:
     }
     priorities = doc.get("priorities")
     priorities = {} if priorities is None else _mapping(priorities, "priorities")
+    for name in priorities:
+        _name(name, f"priorities.{name}", f"priorities.{name}.name")
     parse_priorities(priorities, names)  # the watermark's bounds: policies.invariants.check_watermark's
+    owners = [("global", global_rules), *((f"tiers.{n}", r) for n, r in tiers.items())]
+    owners += [(f"tenants.{key}.overrides", tenant["overrides"]) for key, tenant in tenants.items()]
+    for path, rules in owners:
+        try:
+            check_demotions(rules, priorities)
+        except PolicyViolation as error:
+            raise within(path, error) from None
+    alerts = doc.get("alerts")
     return {
         "default_tier": default_tier,
         "levels": levels,
@@ -108,7 +126,31 @@ def check_document(doc: Any) -> dict:
         "global": global_rules,
         "tenants": tenants,
         "priorities": {n: dict(p) for n, p in priorities.items()},
+        "alerts": {
+            name: _check_alert(name, spec)
+            for name, spec in _mapping({} if alerts is None else alerts, "alerts").items()
+        },
     }
+
+
+def _check_alert(name: Any, spec: Any) -> dict:
+    """An alert of the file: its name, its fields (policies.invariants.check_alert), and its
+    secret from `secret_env` (an environment variable's name) or `secret`; none at all keeps
+    the secret of the alert stored under that name (an exported file has none)."""
+    path = f"alerts.{name}"
+    _name(name, path, f"{path}.name")
+    spec = dict(_mapping(spec, path))
+    if "secret_env" in spec:
+        variable = spec.pop("secret_env")
+        if "secret" in spec:
+            raise ConfigError("give secret_env or secret, not both", f"{path}.secret")
+        if not isinstance(variable, str) or not os.environ.get(variable):
+            raise ConfigError(f"names no environment variable that is set: {variable!r}", f"{path}.secret_env")
+        spec["secret"] = os.environ[variable]
+    try:
+        return check_alert(spec, secret_required=False)
+    except PolicyViolation as error:
+        raise within(path, error) from None
 
 
 def _names_one_of(name: Any, known: Mapping) -> bool:
@@ -122,11 +164,16 @@ def _mapping(value: Any, path: str) -> Mapping:
     return value
 
 
-def _name(value: Any, path: str) -> str:
+def _name(value: Any, path: str, length_path: str | None = None) -> str:
+    """A name, refused at `path`; one too long for its row at `length_path` (the row's field)."""
     try:
-        return check_name(value)
+        check_name(value)
     except PolicyViolation as error:
         raise within(path, error) from None
+    try:
+        return check_name_length(value)
+    except PolicyViolation as error:
+        raise within(length_path or path, error) from None
 
 
 def check_levels(levels: Any) -> list[dict]:
@@ -249,8 +296,6 @@ class _Loader:
         self.saved: set[int] = set()  # id() of the rows saved by this load: one new version each
 
     def run(self) -> None:
-        from .models import Level, Tenant, Tier
-
         self.levels = self._upsert_levels()
         self.tiers = {t.name: t for t in Tier.objects.all()}
         for name in self.doc["tiers"]:
@@ -267,6 +312,7 @@ class _Loader:
         self._upsert_priorities()
         for level in Level.objects.exclude(name__in=list(self.levels)):
             self._delete(level, "levels")
+        self._upsert_alerts()
 
     @staticmethod
     def _delete(row, path: str) -> None:
@@ -289,8 +335,6 @@ class _Loader:
         return obj
 
     def _upsert_levels(self) -> dict:
-        from .models import Level
-
         existing = {level.name: level for level in Level.objects.all()}
         out = {}
         for position, spec in enumerate(self.doc["levels"]):
@@ -308,8 +352,6 @@ class _Loader:
         return out
 
     def _upsert_tenants(self) -> dict:
-        from .models import Tenant
-
         existing = {tenant.key: tenant for tenant in Tenant.objects.all()}
         out = {}
         for key, spec in self.doc["tenants"].items():
@@ -322,8 +364,6 @@ class _Loader:
         return out
 
     def _set_default_tier(self) -> None:
-        from .models import PolicySettings
-
         settings = PolicySettings.load()
         tier = self.tiers.get(self.doc["default_tier"]) if self.doc["default_tier"] else None
         if settings.default_tier_id != (tier.pk if tier else None):
@@ -332,8 +372,6 @@ class _Loader:
 
     def _replace_rules(self) -> None:
         """Replace the rules of every owner whose rules changed; bump that owner's version."""
-        from .models import Rule
-
         wanted = {("tier", name): rules for name, rules in self.doc["tiers"].items()}
         wanted |= {("tenant", key): t["overrides"] for key, t in self.doc["tenants"].items()}
         wanted[("global", None)] = self.doc["global"]
@@ -352,8 +390,6 @@ class _Loader:
                 self._write_rules(owner, wanted.get(owner, {}))
 
     def _write_rules(self, owner: tuple, rules: dict[str, list[dict]]) -> None:
-        from .models import replace_rules
-
         kind, name = owner
         row = self.tiers.get(name) if kind == "tier" else self.tenants.get(name) if kind == "tenant" else None
         if kind != "global" and row is None:
@@ -366,8 +402,6 @@ class _Loader:
         replace_rules(row, rules, self.levels)
 
     def _upsert_priorities(self) -> None:
-        from .models import PriorityClass
-
         existing = {p.name: p for p in PriorityClass.objects.prefetch_related("levels")}
         for name in set(existing) - set(self.doc["priorities"]):
             existing[name].delete()
@@ -384,12 +418,62 @@ class _Loader:
             if new_levels:
                 priority.levels.set(levels)
 
+    def _upsert_alerts(self) -> None:
+        """The file's alerts, and no other; one without a secret keeps the stored one's."""
+        existing = {alert.name: alert for alert in Alert.objects.all()}
+        for name in set(existing) - set(self.doc["alerts"]):
+            existing[name].delete()
+        for name, spec in self.doc["alerts"].items():
+            alert = existing.get(name) or Alert(name=name)
+            if alert.pk is None and "secret" not in spec:
+                raise ConfigError(
+                    "a new alert needs a secret: secret_env (an environment variable's name) or secret",
+                    f"alerts.{name}.secret",
+                )
+            wanted = {**spec, "window": spec.get("window", "")}
+            if alert.pk is None or any(getattr(alert, field) != value for field, value in wanted.items()):
+                for field, value in wanted.items():
+                    setattr(alert, field, value)
+                self._saved(alert, f"alerts.{name}")
+
 
 def _normal(rules: dict[str, list[dict]]) -> dict:
     """Rules compared as the store keeps them (a `shadow: false` or `counts: cost` is no change)."""
-    from .models import Rule
-
     return {level: [Rule.from_spec(spec).spec() for spec in specs] for level, specs in rules.items() if specs}
+
+
+def document_policy(checked: dict, version: int = 0) -> Policy:
+    """The Policy a checked document (`check_document`) would be once loaded, read as workers
+    read one (policies.compile.read_policy), without writing a row: what the what-if replays
+    a draft under. Rules as the store keeps them (`_normal`), levels in the document's order."""
+    levels = tuple(level["name"] for level in checked["levels"])
+    tenants = {
+        key: TenantPolicy(
+            spec["tier"],
+            _normal(spec["overrides"]),
+            spec["overrides_until"].timestamp() if spec["overrides_until"] is not None else None,
+        )
+        for key, spec in checked["tenants"].items()
+    }
+    priorities = {}
+    for name, spec in checked["priorities"].items():
+        priority: dict[str, Any] = {"watermark": float(spec.get("watermark", 0.0))}
+        if spec.get("levels"):
+            priority["levels"] = list(spec["levels"])
+        priorities[name] = priority
+    return Policy(
+        version=version,
+        levels=levels,
+        fail_modes={
+            level["name"]: {"fail_mode": level["fail_mode"], "fallback_fraction": level["fallback_fraction"]}
+            for level in checked["levels"]
+        },
+        tiers={name: _normal(rules) for name, rules in checked["tiers"].items()},
+        global_rules=_normal(checked["global"]),
+        tenants=tenants,
+        default_tier=checked["default_tier"],
+        priorities=priorities,
+    )
 
 
 # Exporting --------------------------------------------------------------------------------
@@ -397,8 +481,6 @@ def _normal(rules: dict[str, list[dict]]) -> dict:
 
 def export_policy() -> dict:
     """The store as a policy document; loading it back gives the same store."""
-    from .models import Level, PolicySettings, PriorityClass, Rule, Tenant, Tier
-
     levels = list(Level.objects.order_by("position", "name"))
     doc: dict[str, Any] = {}
     settings = PolicySettings.objects.filter(pk=1).select_related("default_tier").first()
@@ -435,6 +517,9 @@ def export_policy() -> dict:
         if names:
             spec["levels"] = names
         doc["priorities"][priority.name] = spec
+    alerts = {alert.name: alert.spec() for alert in Alert.objects.order_by("name")}
+    if alerts:  # their secrets are left out: a loaded file keeps the stored ones (docs/OPERATIONS.md)
+        doc["alerts"] = alerts
     return doc
 
 

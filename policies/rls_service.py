@@ -5,16 +5,18 @@ served with grpcio and the stubs Envoy generates (the xds-protos package).
     ...
     server.stop(grace=1)
 
-The mapping of a request onto our levels, and the answer, are policies/api/rls.py's. Errors:
-a request that is not one decision (unknown domain or level, no descriptors, a bad cost) gets
-INVALID_ARGUMENT with the reason; with LIMITER_RLS_REQUIRE_TOKEN, a call without a decide-scope
-service token in its metadata (`authorization: Bearer ...`) gets UNAUTHENTICATED; no policy
-or database to decide with gets UNAVAILABLE. A store that is down is no error: the levels'
-fail modes decide, as on every other path.
+The mapping of a request onto our levels, and the answer, are policies/services/rls.py's; this
+module is the transport, and `status_of` its one mapping of errors to status codes: a request
+that is not one decision (unknown domain or level, no descriptors, a bad cost) gets
+INVALID_ARGUMENT with the reason; with LIMITER_RLS_REQUIRE_TOKEN, a call without a service
+token in its metadata (`authorization: Bearer ...`) gets UNAUTHENTICATED, and one whose token
+may not decide PERMISSION_DENIED; no policy or database to decide with gets UNAVAILABLE. A
+store that is down is no error: the levels' fail modes decide, as on every other path.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from concurrent import futures
 from typing import Any
@@ -23,14 +25,13 @@ import grpc
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 from envoy.service.ratelimit.v3 import rls_pb2_grpc
-from rest_framework.exceptions import APIException
 
 from core import InvalidRequest, StoreUnavailable
 
-from .api.auth import DECIDING_SCOPES, bearer_identity
-from .api.errors import APIError
-from .api.rls import should_rate_limit
 from .compile import PolicyUnavailable
+from .services.auth import deciding_identity
+from .services.errors import Busy, Forbidden, Invalid, ServiceError, Unauthenticated
+from .services.rls import should_rate_limit
 
 log = logging.getLogger(__name__)
 
@@ -44,43 +45,74 @@ class RateLimitService(rls_pb2_grpc.RateLimitServiceServicer):
     def ShouldRateLimit(self, request: Any, context: Any) -> Any:  # noqa: N802  (the protocol's name)
         try:
             if settings.LIMITER_RLS_REQUIRE_TOKEN:
-                refused = _refusal(context)
-                if refused:
-                    context.abort(grpc.StatusCode.UNAUTHENTICATED, refused)
+                deciding_identity(_metadata(context, "authorization"), "metadata authorization")
             return should_rate_limit(request, "rls").response
-        except APIError as error:
-            if error.status_code != 400:
-                raise
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, error.message)
-        except InvalidRequest as error:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        except (PolicyUnavailable, StoreUnavailable) as error:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot decide now: {error}")
-        except DatabaseError as error:
-            close_old_connections()  # a broken connection is not kept for the next call
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot decide now: the database failed ({error})")
+        except Exception as error:
+            code, message = status_of(error)
+            if code is None:
+                raise  # a bug: grpcio answers UNKNOWN and logs it
+            context.abort(code, message)
 
 
-def _refusal(context: Any) -> str | None:
-    """Why the call may not decide (None: it may): its metadata must carry a decide- or
-    admin-scope service token."""
-    header = next((value for key, value in context.invocation_metadata() if key == "authorization"), "")
+def status_of(error: Exception) -> tuple[Any, str]:
+    """The gRPC status code and message that answer `error`, in this one place; (None, "")
+    for an error that is a bug."""
+    if isinstance(error, (Invalid, InvalidRequest)):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+    if isinstance(error, Unauthenticated):
+        return grpc.StatusCode.UNAUTHENTICATED, error.reason
+    if isinstance(error, Forbidden):
+        return grpc.StatusCode.PERMISSION_DENIED, error.reason
+    if isinstance(error, Busy):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, error.reason
+    if isinstance(error, ServiceError):
+        return grpc.StatusCode.FAILED_PRECONDITION, str(error)
+    if isinstance(error, (PolicyUnavailable, StoreUnavailable)):
+        return grpc.StatusCode.UNAVAILABLE, f"cannot decide now: {error}"
+    if isinstance(error, DatabaseError):
+        close_old_connections()  # a broken connection is not kept for the next call
+        return grpc.StatusCode.UNAVAILABLE, f"cannot decide now: the database failed ({error})"
+    return None, ""
+
+
+def _metadata(context: Any, name: str) -> str:
+    return next((value for key, value in context.invocation_metadata() if key == name), "")
+
+
+def refusal_to_serve(bind: str) -> str | None:
+    """Why the service may not listen on `bind` (None: it may): without a token required
+    (LIMITER_RLS_REQUIRE_TOKEN=0), anyone who reaches the port spends tenants' limits, so only
+    a loopback address may serve so."""
+    if settings.LIMITER_RLS_REQUIRE_TOKEN or is_loopback(bind.rsplit(":", 1)[0]):
+        return None
+    return (
+        f"refusing to serve Envoy's rate limit service on {bind!r} without a token: "
+        "LIMITER_RLS_REQUIRE_TOKEN=0 lets whoever reaches that address spend tenants' limits. "
+        "Require a token (LIMITER_RLS_REQUIRE_TOKEN=1, the default; Envoy sends it as "
+        "docs/GATEWAYS.md shows), or bind a loopback address (127.0.0.1, [::1], localhost)"
+    )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address's host is loopback only: 127.0.0.0/8, ::1 or localhost. A name
+    other than localhost, or a wildcard (0.0.0.0, [::]), is not."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
     try:
-        identity = bearer_identity(header)
-    except APIException as error:
-        return str(error.detail)
-    if identity is None:
-        return "needs metadata authorization: Bearer <decide-scope service token>"
-    if identity.scope not in DECIDING_SCOPES:
-        return f"token {identity.name!r} may not decide"
-    return None
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def start_server(bind: str, reuse_port: bool = False, workers: int = WORKERS) -> Any:
     """A started grpc.Server on `bind` (host:port; port 0 picks one: `server.port`).
     `reuse_port`: let other processes bind the same port (gunicorn's workers on a shared
     store); off, a port already taken is an error rather than traffic split with a stranger.
-    RuntimeError when the address cannot be bound."""
+    RuntimeError when the address cannot be bound, or may not be (`refusal_to_serve`)."""
+    refused = refusal_to_serve(bind)
+    if refused:
+        raise RuntimeError(refused)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rls"),
         options=[("grpc.so_reuseport", 1 if reuse_port else 0)],

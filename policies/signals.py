@@ -20,10 +20,21 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 from django.db.models import F
 from django.db.models.signals import m2m_changed, post_delete, post_save, pre_delete, pre_save
+from simple_history.models import HistoricalRecords
+from simple_history.signals import pre_create_historical_record
 
 from . import models
+from .history import keep_rules
 
-POLICY_MODELS = (models.Level, models.Tier, models.Tenant, models.Rule, models.PriorityClass, models.PolicySettings)
+POLICY_MODELS = (
+    models.Level,
+    models.Tier,
+    models.Tenant,
+    models.Rule,
+    models.PriorityClass,
+    models.PolicySettings,
+    models.Alert,
+)
 BEFORE_A_WRITE = (pre_save, pre_delete, models.versioned_save)
 
 # The token of the bump of each database alias's open transaction, scoped as Django scopes its
@@ -63,8 +74,6 @@ def bump_version(token: str = "") -> int:
 
 def _author() -> tuple[Any, str]:
     """The operator or service token of the request being served, else the command's name."""
-    from simple_history.models import HistoricalRecords
-
     user = getattr(getattr(HistoricalRecords.context, "request", None), "user", None)
     if user is None or not user.is_authenticated:
         return None, _acting.get()
@@ -151,10 +160,6 @@ def _tag_latest_record(sender, instance, number: int) -> None:
 
 
 def connect() -> None:
-    from simple_history.signals import pre_create_historical_record
-
-    from .history import keep_rules
-
     signals = {"pre-save": pre_save, "save": post_save, "pre-delete": pre_delete, "delete": post_delete}
     for model in POLICY_MODELS:
         for name, signal in signals.items():

@@ -8,8 +8,11 @@ from __future__ import annotations
 from functools import lru_cache
 
 from django.conf import settings
+from django_redis import get_redis_connection
 
 from core import MemoryStore, Store
+from core.stores.cluster import ClusterStore, connect_cluster
+from core.stores.redis import RedisStore
 
 
 @lru_cache(maxsize=1)
@@ -17,8 +20,6 @@ def limiter_store() -> Store:
     """The store every limiter of this process shares. Call `limiter_store.cache_clear()`
     after changing the settings (tests do)."""
     if settings.REDIS_URL and settings.REDIS_URL.startswith("redis-cluster://"):
-        from core.stores.cluster import ClusterStore
-
         return ClusterStore(
             url=settings.REDIS_URL,
             prefix=settings.LIMITER_KEY_PREFIX,
@@ -31,10 +32,6 @@ def limiter_store() -> Store:
             lease_fraction=settings.LIMITER_CLUSTER_LEASE_FRACTION,
         )
     if settings.REDIS_URL and "limiter" in settings.CACHES:
-        from django_redis import get_redis_connection
-
-        from core.stores.redis import RedisStore
-
         return RedisStore(
             client=get_redis_connection("limiter"),
             prefix=settings.LIMITER_KEY_PREFIX,
@@ -50,9 +47,5 @@ def statistics_client():
     if not settings.REDIS_URL:
         return None
     if settings.REDIS_URL.startswith("redis-cluster://"):
-        from core.stores.cluster import connect_cluster
-
         return connect_cluster(settings.REDIS_URL, timeout=1.0, read_timeout=5.0)
-    from django_redis import get_redis_connection
-
     return get_redis_connection("default")

@@ -322,3 +322,16 @@ def disposable_redis_cluster(tmp_path):
     cluster = RedisClusterServers(tmp_path).start()
     yield cluster
     cluster.kill()
+
+
+@pytest.fixture(autouse=True)
+def fresh_login_limit():
+    """Each test's admin logins count from zero (limiter_admin/login_limit.py keeps its
+    in-process buckets in a store of its own, made anew here)."""
+    from django.conf import settings
+
+    if settings.configured:
+        from limiter_admin.login_limit import login_limiter
+
+        login_limiter.cache_clear()
+    yield

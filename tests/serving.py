@@ -40,7 +40,10 @@ class Service:
         threads: int = 8,
         extra_env: dict | None = None,
         scope: str = "decide",
+        root: Path = ROOT,
     ) -> None:
+        """`root`: the checkout to serve (bench/ compares this one with another)."""
+        self.root = Path(root)
         self.directory = tempfile.TemporaryDirectory(prefix="limiter-e2e-")
         self.port = free_port()
         self.workers, self.threads = workers, threads
@@ -59,10 +62,16 @@ class Service:
         self.policy, self.scope = policy, scope
         self.process: subprocess.Popen | None = None
         self.token = ""
+        self._log_name = "gunicorn.log"
 
     def manage(self, *args: str) -> str:
         done = subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=120
+            [sys.executable, "manage.py", *args],
+            cwd=self.root,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         if done.returncode:
             raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
@@ -74,7 +83,23 @@ class Service:
         self.manage("migrate", "--noinput")
         self.manage("loadpolicies", str(policy_file))
         self.token = self.manage("createservicetoken", "e2e", "--scope", self.scope).strip().splitlines()[-1]
-        self.log = open(Path(self.directory.name) / "gunicorn.log", "w")
+        return self.serve()
+
+    def sibling(self, workers: int = 1, threads: int = 8, extra_env: dict | None = None) -> Service:
+        """A second gunicorn on this one's database, Redis and token (another pool of workers,
+        as docs/OPERATIONS.md runs the gateways' apart from the console's), started. Stop it
+        before this one, which owns the database."""
+        other = Service(self.policy, workers=workers, threads=threads, scope=self.scope, root=self.root)
+        other.directory.cleanup()
+        other.directory = self.directory
+        other.env = {**self.env, **(extra_env or {})}
+        other.token = self.token
+        other._log_name = f"gunicorn-{other.port}.log"
+        return other.serve()
+
+    def serve(self) -> Service:
+        """gunicorn on this database, until stopped."""
+        self.log = open(Path(self.directory.name) / self._log_name, "w")
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -90,7 +115,7 @@ class Service:
                 "--threads",
                 str(self.threads),
             ],
-            cwd=ROOT,
+            cwd=self.root,
             env=self.env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -114,7 +139,7 @@ class Service:
         raise RuntimeError(f"gunicorn did not answer within {STARTUP_TIMEOUT} s:\n{self.read_log()}")
 
     def read_log(self) -> str:
-        path = Path(self.directory.name) / "gunicorn.log"
+        path = Path(self.directory.name) / self._log_name
         return path.read_text()[-4000:] if path.exists() else ""
 
     def connection(self, timeout: float = 10.0) -> http.client.HTTPConnection:

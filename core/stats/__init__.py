@@ -5,11 +5,11 @@
     stats.report(window=300)                        # denials by blocked_by, top tenants and keys, a series
     stats.usage("acme", window=86400, step=60)      # one tenant's traffic over time
 
-`record()` adds to a buffer in this process; a daemon thread pushes it every `flush_every`
-seconds in one MULTI/EXEC, so the counts of every worker that shares the Redis add up.
-Without a client the same commands go to a store in this process (memory.py). Every decision
-names its tenant (the key at `tenant_level`) and its user (the key at `user_level`),
-whichever level blocked it. Buckets are minutes of this process's `clock` (wall time), so
+`record()` adds to a buffer in this process; the process's flushing thread (core/flusher.py)
+pushes it every `flush_every` seconds in one MULTI/EXEC, so the counts of every worker that
+shares the Redis add up. Without a client the same commands go to a store in this process
+(memory.py). Every decision names its tenant (the key at `tenant_level`) and its user (the key
+at `user_level`), whichever level blocked it. Buckets are minutes of this process's `clock` (wall time), so
 workers with skewed clocks put a decision in a neighbouring minute.
 
     counts.py        the counts a worker buffers, and the tally of one decision into them

@@ -1,27 +1,26 @@
 """DenialStats: decisions counted in this process, flushed to the shared store, read back.
 
-`record()` adds to a buffer under a lock (counts.Tally); a daemon thread flushes it every
-`flush_every` seconds (flush.StatsWriter) and the reports read what every worker flushed
-(reports.StatsReader). While Redis is down the counts are kept, bounded, for the next flush.
+`record()` adds to a buffer under a lock (counts.Tally); the process's flushing thread
+(core/flusher.py) writes it out every `flush_every` seconds (flush.StatsWriter) and the reports
+read what every worker flushed (reports.StatsReader). While Redis is down the counts are kept,
+bounded, for the next flush (the flusher's KEEP).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
-import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..decision import Decision
-from ..errors import StoreUnavailable
+from ..flusher import KEEP, STORE_ERRORS, Flushable, Flusher
 from .checks import check_options, check_report, check_usage
 from .counts import MinuteCounts, Tally
-from .flush import StatsWriter
-from .layout import DAY, HOUR, MINUTE, Bounds, StatsKeys, floor, ttl
+from .flush import StatsWriter, Unsent
+from .layout import DAY, HOUR, MINUTE, Bounds, StatsKeys, floor
 from .memory import MemoryStatsStore
 from .reports import StatsReader
 
@@ -31,14 +30,18 @@ KEPT_MINUTES = 15
 SWEEP_EVERY = 5.0  # seconds of `clock` between two sweeps of expired reservations
 
 log = logging.getLogger("core.stats")
-_live: weakref.WeakSet[DenialStats] = weakref.WeakSet()
 
 
-class DenialStats:
+class DenialStats(Flushable):
     """Decisions, denials and shadow denials by rule, the most denied tenants and keys, and
     every tenant's traffic over time. `client` is a redis-py client shared by every worker,
     or None for this process alone. `tier_of(tenant)` names the tier a tenant resolves to
-    (asked when a flush sends its counts, off the decision's path)."""
+    (asked when a flush sends its counts, off the decision's path). `on_flush(tenants)` is
+    told, after each flush that sent counts, the tenants (team keys) they were of: in the
+    flushing thread, so it should only take note (alerts are evaluated from it)."""
+
+    on_store_error = KEEP
+    what = "denial statistics"
 
     # The minute record() counts into without a lookup, and its start and end.
     _current: MinuteCounts
@@ -60,30 +63,31 @@ class DenialStats:
         user_top_k: int = 20,
         tier_of: Callable[[str], str | None] | None = None,
         on_expired: Callable[[int], None] | None = None,
+        on_flush: Callable[[frozenset[str]], None] | None = None,
+        flusher: Flusher | None = None,
     ) -> None:
         check_options(top_k, retention, flush_every, usage_minutes, usage_hours, user_top_k)
         # The options as given, to read: the parts made below keep their own copies.
         self.shared = client is not None
         self.client = client if client is not None else MemoryStatsStore(clock)
         self.prefix, self.clock = prefix, clock
-        self.flush_every, self.top_k, self.retention = flush_every, top_k, retention
+        self.top_k, self.retention = top_k, retention
         self.tenant_level, self.user_level = tenant_level, user_level
         self.usage_minutes, self.usage_hours, self.user_top_k = usage_minutes, usage_hours, user_top_k
-        self.tier_of, self.on_expired = tier_of, on_expired
+        self.tier_of, self.on_expired, self.on_flush = tier_of, on_expired, on_flush
         self._bounds = Bounds(top_k, user_top_k, retention, usage_minutes, usage_hours)
-        self._store_errors = _redis_errors() if self.shared else ()
+        self._store_errors = STORE_ERRORS if self.shared else ()
         self._tally = Tally(tenant_level, user_level, top_k, user_top_k)
         keys = StatsKeys(prefix)
         self._writer = StatsWriter(self.client, keys, self._bounds, tier_of)
         self._reader = StatsReader(self.client, keys, self._bounds, user_level, self._store_errors)
         self._last_flush = clock()
         self._next_sweep = -math.inf
-        self._failing = False
         self.failed_records = 0  # records that raised (a bug), so not counted
         self.dropped_minutes = 0  # minutes of counts given up during a long Redis outage
         self.expired_reservations = 0  # counted by this process's sweeps
         self._start_afresh()
-        _live.add(self)
+        super().__init__(flush_every, flusher)
 
     @property
     def untracked_tenants(self) -> int:
@@ -91,20 +95,18 @@ class DenialStats:
         return self._tally.untracked_tenants
 
     def _start_afresh(self) -> None:
-        """New locks, an empty buffer, no flushing thread: at start and in a forked child
-        (the parent flushes what it had buffered; a lock held at fork would never open)."""
+        """A new lock, an empty buffer and nothing kept: at start and in a forked child (the
+        parent flushes what it had buffered; a lock held at fork would never open)."""
         self._lock = threading.Lock()  # the buffer, held by record() for a few dict updates
-        self._flush_lock = threading.Lock()  # one flush at a time
-        self._thread_lock = threading.Lock()
         self._buffer: dict[int, MinuteCounts] = {}
         self._opened: dict[str, float] = {}  # reservation id -> expiry, not sent yet
         self._settled: set[str] = set()
         self._forget_current()
-        self._unsent: dict[int, MinuteCounts] = {}
-        self._unsent_opened: dict[str, float] = {}
-        self._unsent_settled: set[str] = set()
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._kept = Unsent()  # what flushes could not write while Redis was down
+
+    def after_fork(self) -> None:
+        self._start_afresh()
+        super().after_fork()
 
     # --- recording (on the decision's path: in process, a few dict updates) -------------------
 
@@ -123,8 +125,8 @@ class DenialStats:
                 lock.release()
         except Exception:  # statistics must never break the decision they describe
             self.failed_records += 1
-        if self._thread is None and self.flush_every:
-            self._start_flushing()
+        if self.flusher.thread is None and self.flush_every:
+            self.flusher.start()  # on first use, so that each forked worker starts its own
 
     def _counts_at(self, now: float) -> MinuteCounts:
         """The buffered minute of `now`, remembered as the current one (called locked)."""
@@ -156,20 +158,7 @@ class DenialStats:
             if self._opened.pop(reservation_id, None) is None:
                 self._settled.add(reservation_id)
 
-    # --- flushing -------------------------------------------------------------------------------
-
-    def _start_flushing(self) -> None:
-        # A daemon thread, not record(): a flush is a round trip, and record() runs inside a
-        # decision. Started on first use, so each forked worker starts its own.
-        with self._thread_lock:
-            if self._thread is None and self.flush_every:
-                self._thread = threading.Thread(
-                    target=_flush_periodically,
-                    args=(weakref.ref(self), self._stop, self.flush_every),
-                    name="denial-stats-flush",
-                    daemon=True,
-                )
-                self._thread.start()
+    # --- flushing (in the flusher's thread, or by hand; see core/flusher.py) -------------------
 
     def maybe_flush(self) -> None:
         """Flush if `flush_every` seconds of `clock` have passed since the last flush."""
@@ -180,66 +169,47 @@ class DenialStats:
         if due:
             self.flush()
 
-    def flush(self) -> None:
-        """Push the buffered counts in one MULTI/EXEC (to Redis, or this process's store).
-        While Redis is down the counts are kept (bounded) for the next flush; never raises."""
-        try:
-            self._flush()
-        except StoreUnavailable:
-            pass  # kept for the next flush; a read is where an outage is told
-        except Exception:
-            log.exception("denial statistics: flush failed")
+    def take(self) -> Unsent | None:
+        """The buffer, added to what earlier flushes kept; None when there is nothing to send
+        and no sweep is due."""
+        now = self.clock()
+        with self._lock:
+            buffer, self._buffer = self._buffer, {}
+            opened, self._opened = self._opened, {}
+            settled, self._settled = self._settled, set()
+            self._forget_current()
+            self._last_flush = now
+        batch, self._kept = self._kept, Unsent()
+        batch.add(buffer, opened, settled, self._bounds)
+        batch.now, batch.sweep = now, now >= self._next_sweep
+        if batch.sweep:
+            self._next_sweep = now + SWEEP_EVERY
+        return batch if batch or batch.sweep else None
 
-    def close(self) -> None:
-        """Stop the flushing thread and flush what is left."""
-        self.flush_every = None
-        self._stop.set()
-        self.flush()
+    def write(self, batch: Unsent) -> int:
+        """Push the batch in one MULTI/EXEC (to Redis, or this process's store), then sweep."""
+        written = len(batch)
+        tenants: frozenset[str] = frozenset()
+        if batch:
+            self._writer.send(batch.minutes, batch.opened, batch.settled, batch.now)
+            self._reader.know_levels(level for counts in batch.minutes.values() for level in counts.keys)
+            if self.on_flush is not None:
+                tenants = frozenset(tenant for counts in batch.minutes.values() for tenant in counts.tenants)
+            batch.clear()  # sent: should the sweep fail, nothing of it is kept to be sent twice
+        if tenants and self.on_flush is not None:
+            try:
+                self.on_flush(tenants)
+            except Exception:  # the caller's hook: its failure is not the store's
+                log.exception("denial statistics: on_flush failed")
+        if batch.sweep:
+            self._sweep(batch.now)
+        return written
 
-    def _flush(self) -> None:
-        with self._flush_lock:
-            now = self.clock()
-            with self._lock:
-                buffer, self._buffer = self._buffer, {}
-                opened, self._opened = self._opened, {}
-                settled, self._settled = self._settled, set()
-                self._forget_current()
-                self._last_flush = now
-            for minute, counts in buffer.items():
-                self._unsent.setdefault(minute, MinuteCounts()).add(counts, self.top_k, self.user_top_k)
-            self._unsent_opened.update(opened)
-            for reservation_id in settled:
-                if self._unsent_opened.pop(reservation_id, None) is None:
-                    self._unsent_settled.add(reservation_id)
-            if self._unsent or self._unsent_opened or self._unsent_settled:
-                self._send(now)
-                self._unsent, self._unsent_opened, self._unsent_settled = {}, {}, set()
-            if now >= self._next_sweep:
-                self._next_sweep = now + SWEEP_EVERY
-                self._sweep(now)
-
-    def _send(self, now: float) -> None:
-        try:
-            self._writer.send(self._unsent, self._unsent_opened, self._unsent_settled, now)
-        except self._store_errors as error:
-            self._keep_for_later(now, error)
-            raise StoreUnavailable(f"Redis cannot take the statistics: {error}") from error
-        if self._failing:
-            self._failing = False
-            log.warning("denial statistics: Redis is back, kept counts sent")
-        self._reader.know_levels(level for counts in self._unsent.values() for level in counts.keys)
-
-    def _keep_for_later(self, now: float, error: Exception) -> None:
+    def keep(self, batch: Unsent) -> None:
         """Redis is down: keep the newest KEPT_MINUTES minutes, each bucket at top_k."""
-        if not self._failing:
-            self._failing = True
-            log.warning("denial statistics: Redis unreachable, keeping counts: %s", error)
-        newest = sorted(self._unsent, reverse=True)
-        kept = {m: self._unsent[m] for m in newest[:KEPT_MINUTES] if ttl(m, MINUTE, now, self.retention) > 0}
-        self.dropped_minutes += len(self._unsent) - len(kept)
-        for counts in kept.values():
-            counts.trim(self.top_k)
-        self._unsent = kept
+        batch.add(self._kept.minutes, self._kept.opened, self._kept.settled, self._bounds)
+        self.dropped_minutes += batch.bound(KEPT_MINUTES, self._bounds, batch.now)
+        self._kept = batch
 
     # The writer's rule ids, reached from here by the tests of their naming.
     def _rule_ids(self, names: set[str]) -> dict[str, str]:
@@ -250,15 +220,12 @@ class DenialStats:
 
     def _sweep(self, now: float) -> None:
         """Count the reservations left open past their expiry that this process removed."""
-        try:
-            removed = self._writer.sweep(now)
-        except self._store_errors:
-            return  # swept at the next flush
+        removed = self._writer.sweep(now)
         self.expired_reservations += removed
         if removed and self.on_expired is not None:
             try:
                 self.on_expired(removed)
-            except Exception:
+            except Exception:  # the caller's hook: its failure is not the store's
                 log.exception("denial statistics: on_expired failed")
 
     # --- reading (each flushes this process's buffer first) -------------------------------------
@@ -269,7 +236,7 @@ class DenialStats:
         window may count. `step` (a multiple of 60 s) groups the series. Raises
         InvalidRequest for a bad argument and StoreUnavailable when Redis cannot be reached."""
         window, top, step = check_report(window, top, step, self._bounds)
-        self._flush()
+        self.flush()
         return self._reader.report(window, top, step, self.clock())
 
     def usage(self, tenant: str, window: float, step: int = MINUTE, top: int = 10) -> dict[str, Any]:
@@ -279,37 +246,19 @@ class DenialStats:
         over the last `usage_minutes` of them at most). `has_traffic` is false when nothing
         was recorded for it in the window."""
         window, step, top = check_usage(window, step, top, self._bounds)
-        self._flush()
+        self.flush()
         return self._reader.usage(tenant, window, step, top, self.clock())
+
+    def denials(self, tenants: Iterable[str], window: float) -> dict[str, tuple[int, int]]:
+        """(decisions, denied) of each tenant over the last `window` seconds (at most
+        `usage_minutes`), in whole minutes as `usage` counts them: the cheap read of many
+        tenants at once (the alerts' denied shares). Raises StoreUnavailable when Redis is down."""
+        window = check_usage(window, MINUTE, 1, self._bounds)[0]
+        self.flush()
+        return self._reader.denials(tenants, window, self.clock())
 
     def seen_users(self, prefix: str, limit: int = 10) -> list[dict[str, str | None]]:
         """Users seen recently (within `usage_minutes`) whose key starts with `prefix`, most
         recent first: [{"user", "team"}]. Raises StoreUnavailable when Redis is down."""
-        self._flush()
+        self.flush()
         return self._reader.seen_users(prefix, limit)
-
-
-def _flush_periodically(stats_ref: weakref.ref[DenialStats], stop: threading.Event, every: float) -> None:
-    """The flushing thread. It holds its DenialStats weakly, so a dropped one stops it.
-    It waits in real seconds (no clock can be waited on); maybe_flush() reads `clock`."""
-    while not stop.wait(every):
-        stats = stats_ref()
-        if stats is None:
-            return
-        stats.maybe_flush()
-        del stats
-
-
-def _after_fork_in_child() -> None:
-    for stats in list(_live):
-        stats._start_afresh()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _redis_errors() -> tuple[type[Exception], ...]:
-    from redis.exceptions import RedisError  # here, so that in-process statistics need no redis-py
-
-    return (RedisError,)

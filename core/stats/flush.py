@@ -1,6 +1,7 @@
 """What a flush writes, in one MULTI/EXEC: each minute's totals and top sets, each hour's top
 sets, every tenant's series, blocked_by and users, the users seen and the open reservations;
-and the sweep that counts reservations left open past their expiry."""
+the sweep that counts reservations left open past their expiry; and `Unsent`, a flush's batch,
+which waits, bounded, while Redis is down."""
 
 from __future__ import annotations
 
@@ -36,6 +37,46 @@ EXPIRY_GRACE = 10.0
 SWEEP_BATCH = 1000
 
 log = logging.getLogger("core.stats")
+
+
+class Unsent:
+    """A flush's batch: minutes of counts and reservations opened and settled, not written yet;
+    `sweep`: whether the flush also sweeps expired reservations. Kept while Redis is down."""
+
+    def __init__(self, now: float = 0.0, sweep: bool = False) -> None:
+        self.minutes: dict[int, MinuteCounts] = {}
+        self.opened: dict[str, float] = {}  # reservation id -> expiry
+        self.settled: set[str] = set()
+        self.now, self.sweep = now, sweep
+
+    def __len__(self) -> int:
+        return len(self.minutes) + len(self.opened) + len(self.settled)
+
+    def add(
+        self, minutes: Mapping[int, MinuteCounts], opened: Mapping[str, float], settled: set[str], bounds: Bounds
+    ) -> None:
+        """Add a buffer's counts and reservations in; one opened and settled here cancel out."""
+        for minute, counts in minutes.items():
+            self.minutes.setdefault(minute, MinuteCounts()).add(counts, bounds.top_k, bounds.user_top_k)
+        self.opened.update(opened)
+        for reservation_id in settled:
+            if self.opened.pop(reservation_id, None) is None:
+                self.settled.add(reservation_id)
+
+    def bound(self, kept_minutes: int, bounds: Bounds, now: float) -> int:
+        """Keep the newest `kept_minutes` minutes still within the retention, each bucket cut
+        to top_k; returns how many minutes were given up."""
+        newest = sorted(self.minutes, reverse=True)[:kept_minutes]
+        kept = {m: self.minutes[m] for m in newest if ttl(m, MINUTE, now, bounds.retention) > 0}
+        dropped = len(self.minutes) - len(kept)
+        for counts in kept.values():
+            counts.trim(bounds.top_k)
+        self.minutes = kept
+        return dropped
+
+    def clear(self) -> None:
+        """Written: nothing of it may be written again."""
+        self.minutes, self.opened, self.settled = {}, {}, set()
 
 
 class StatsWriter:

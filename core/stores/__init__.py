@@ -24,7 +24,7 @@ def store_from_url(url: str, **options: Any) -> Store:
 
         return RedisStore(url=url, **options)
     if scheme == "redis-cluster":
-        from .cluster import ClusterStore
+        from .cluster import ClusterStore  # here too: memory:// needs no redis-py
 
         return ClusterStore(url=url, **options)
     raise ConfigError(

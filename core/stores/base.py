@@ -9,7 +9,7 @@ hands each store only the plans it prepared.
 A store implements the required methods; each of the others has a default built from them
 (as Django's BaseCache does), which a store may replace with something faster:
 
-    required  prepare, decide, explain, inspect, release, reset,
+    required  prepare, decide, explain, inspect, release, reset, adjust,
               reserve, reservation, settle
     derived   decider (decide, bound to a plan), decide_many (a loop of decide), time (the
               clock), new_reservation_id, ping (nothing to ask), close (nothing to let go),
@@ -90,6 +90,12 @@ class Store(Generic[PlanT]):
     def reset(self, plan: PlanT) -> None:
         """Forget the state of every check: the keys start full again."""
         raise NotImplementedError(f"{type(self).__name__} must implement reset()")
+
+    def adjust(self, plan: PlanT, now: float, delta: float) -> list[float]:
+        """In one atomic step, charge (delta > 0) or give back (delta < 0) `delta` at every
+        check, now, outside any reservation (each rule's `adjust`: a top-up of credits is a
+        refund); returns each check's balance after (`Rule.balance`)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement adjust()")
 
     def reserve(self, plan: PlanT, cost: float, now: float, lease: str | None, record: dict) -> Decision | Finding:
         """`decide`, and when it takes, keep `record` (a Reservation's to_dict()) open until
@@ -188,6 +194,9 @@ class Wrapper(Store[PlanT]):
 
     def reset(self, plan: PlanT) -> None:
         self.inner.reset(plan)
+
+    def adjust(self, plan: PlanT, now: float, delta: float) -> list[float]:
+        return self.inner.adjust(plan, now, delta)
 
     def reserve(self, plan: PlanT, cost: float, now: float, lease: str | None, record: dict) -> Decision | Finding:
         return self.inner.reserve(plan, cost, now, lease, record)

@@ -8,9 +8,9 @@ So every key of one decision carries the same hash tag, a shard id:
   keys and its users' keys live together, and teams spread over the shards;
 - a level in `split` (the global level, by default) has one key for everybody, which would be
   one hot slot on one node. `global_mode` says how it is shared:
-  - "lease" (the default, lease.py): one pool key, from which each process leases slices
-    and decides that level locally; leasable rules only (token buckets; any other rule
-    there is split);
+  - "lease" (the default, shares.py): one pool key, from which each process takes shares
+    and decides that level locally; shareable rules only (token buckets; any other rule
+    there is split). The mode keeps its operators' name, `lease`; it hands out shares;
   - "split": `shards` sub-buckets, one per shard, each with 1/shards of every scaled
     parameter (capacity, rate, watermark floor). A decision takes from its own shard's
     sub-bucket. The sum of the sub-buckets is the global limit, so it is never exceeded; the
@@ -25,12 +25,12 @@ level each decision names.
 
 `ClusterRouter` holds one RedisStore per primary, each with its own connections, circuit
 breaker and Lua library state, and sends every call (decisions, batches, reads, resets,
-reservations, the pools' leases, time, pings) to the store of the node that holds its slot,
+reservations, the pools' shares, time, pings) to the store of the node that holds its slot,
 so through that node's breaker: when a node is unreachable, the decisions whose shard lives
 there get their levels' fail modes, and the other nodes go on as before. Which node holds a
 slot it learns from CLUSTER SHARDS (our own map, `SlotMap`), again after a node failed (so it
 finds the replica that took over) and one slot at a time from MOVED; ASK is followed for the
-one call. `ClusterStore` is the router, behind `LeasedBudgets` in lease mode.
+one call. `ClusterStore` is the router, behind `SharedBudgets` in lease mode.
 """
 
 from __future__ import annotations
@@ -56,18 +56,19 @@ from ..errors import ConfigError, StoreUnavailable
 from ..reservations import new_reservation_id
 from .base import Check, Health, Store, Wrapper
 from .keeping import rule_tag
-from .lease import DEFAULT_FRACTION, DEFAULT_INTERVAL, LEASE_SCRIPT, LeasedBudgets
 from .library import LuaLibrary
 from .redis import BATCH_TIMEOUT, DEFAULT_TIMEOUT, MAX_CONNECTIONS, RedisPlan, RedisStore, redis_plan
+from .shares import DEFAULT_FRACTION, DEFAULT_INTERVAL, SHARE_SCRIPT, SharedBudgets
 
 DEFAULT_SHARDS = 16
 SLOTS = 16384
 # At most one topology refresh after a failure per this many seconds, per store.
 REFRESH_EVERY = 0.1
-# How a split level's limit is shared: sub-buckets per shard, or slices leased per process.
-# Lease is the default: as fast as the split (bench/cluster.py), and it lets the whole limit
-# through however the traffic falls over the shards, where the split lets a busy shard's
-# 1/shards through (docs/SCALING.md).
+# How a split level's limit is shared: sub-buckets per shard ("split"), or shares taken by
+# each process from one pool ("lease", its operators' name). Lease is the default: as fast
+# as the split (bench/cluster.py), and it lets the whole limit through however the traffic
+# falls over the shards, where the split lets a busy shard's 1/shards through
+# (docs/SCALING.md).
 GLOBAL_MODES = ("split", "lease")
 
 T = TypeVar("T")
@@ -379,6 +380,15 @@ class ClusterRouter(Store[ShardPlan]):
         for variant in plan.variants or [plan]:
             self._on(variant.slot, methodcaller("reset", variant.redis))
 
+    def adjust(self, plan: ShardPlan, now: float, delta: float) -> list[float]:
+        """A split level's key without a shard: each sub-bucket its share of `delta` (as each
+        holds its share of the limit), one after the other; the balances summed."""
+        if not plan.variants:
+            return self._on(plan.slot, lambda store: store.adjust(plan.redis, now, delta))
+        share = delta / len(plan.variants)
+        rows = [self._on(v.slot, methodcaller("adjust", v.redis, now, share)) for v in plan.variants]
+        return [sum(balances) for balances in zip(*rows)]
+
     # --- reservations: the id names its shard, so that its record lives with its keys ------
 
     def new_reservation_id(self, plan: ShardPlan) -> str:
@@ -407,8 +417,8 @@ class ClusterRouter(Store[ShardPlan]):
 
     # --- the rest --------------------------------------------------------------------------
 
-    def run_script(self, key: str, args: Sequence[Any], source: str = LEASE_SCRIPT) -> Any:
-        """A Lua script on the node that holds `key` (a leased budget's pool), through its
+    def run_script(self, key: str, args: Sequence[Any], source: str = SHARE_SCRIPT) -> Any:
+        """A Lua script on the node that holds `key` (a shared budget's pool), through its
         store's breaker."""
         return self._on(key_slot(key.encode()), lambda store: store.run_script(source, [key], args))
 
@@ -452,7 +462,11 @@ class ClusterRouter(Store[ShardPlan]):
 
 class ClusterStore(Wrapper[Any]):
     """Rule state in a Redis Cluster: the router of its shards (ClusterRouter), behind the
-    split levels' leased budgets (LeasedBudgets) in lease mode; see the module's docstring."""
+    split levels' shared budgets (SharedBudgets) in lease mode; see the module's docstring.
+
+    `global_mode="lease"` (the default), `lease_fraction`, `lease_interval` and `lease_clock`
+    keep the names operators know: the mode called `lease` hands out shares of each pool,
+    `lease_fraction` of its capacity each, given back after `lease_interval` seconds."""
 
     def __init__(
         self,
@@ -471,9 +485,9 @@ class ClusterStore(Wrapper[Any]):
         check_options(shards, global_mode, lease_fraction, lease_interval)
         self.router = ClusterRouter(url or "", prefix, timeout, shards, shard_by, split, batch_timeout)
         self.global_mode = global_mode
-        self.leases: LeasedBudgets | None = None
-        if global_mode == "lease":
-            self.leases = LeasedBudgets(
+        self.shared_budgets: SharedBudgets | None = None
+        if global_mode == "lease":  # the mode's public name: it hands out shares
+            self.shared_budgets = SharedBudgets(
                 self.router,
                 self.router.run_script,
                 self.router.split,
@@ -482,7 +496,7 @@ class ClusterStore(Wrapper[Any]):
                 lease_interval,
                 lease_clock,
             )
-        super().__init__(self.leases or self.router)
+        super().__init__(self.shared_budgets or self.router)
 
     @property
     def shards(self) -> int:
@@ -503,13 +517,13 @@ class ClusterStore(Wrapper[Any]):
 
 
 def _combine(states: Sequence[dict]) -> dict:
-    """One rule's state over its sub-buckets: times (`..._in`, `..._at`) the longest,
-    other numbers summed, anything else as the first sub-bucket says."""
+    """One rule's state over its sub-buckets: times (`..._in`, `..._at`, `..._start`) the
+    longest, other numbers summed, anything else as the first sub-bucket says."""
     combined = dict(states[0])
     for name, value in combined.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             values = [state[name] for state in states]
-            combined[name] = max(values) if name.endswith(("_in", "_at")) else sum(values)
+            combined[name] = max(values) if name.endswith(("_in", "_at", "_start")) else sum(values)
     return combined
 
 

@@ -33,8 +33,10 @@ def read_state(pipe: Any, key: str, rule: Rule) -> Any:
 
 def write_state(pipe: Any, key: str, rule: Rule, state: Any, now: float) -> None:
     """Queue the writes that keep `state` in Redis as its twin encodes it (its Lua reads the
-    same), with a TTL until it goes idle plus a second; a rule without a twin as JSON."""
-    ttl = max(1000, math.ceil((state[0] - now) * 1000) + 1000)
+    same), with a TTL until it goes idle plus a second (none for a state that never goes idle,
+    a balance of credits); a rule without a twin as JSON."""
+    idle = state[0] - now
+    ttl = max(1000, math.ceil(idle * 1000) + 1000) if math.isfinite(idle) else None
     twin = rule.redis_twin
     if twin is None:  # its state tuple as JSON, so its fields must be JSON values
         pipe.set(key, json.dumps(list(state)), px=ttl)
@@ -49,7 +51,8 @@ def write_state(pipe: Any, key: str, rule: Rule, state: Any, now: float) -> None
             pipe.rpush(key, *value)
         else:
             pipe.zadd(key, value)
-        pipe.pexpire(key, ttl)
+        if ttl is not None:
+            pipe.pexpire(key, ttl)
 
 
 def decode_state(rule: Rule, raw: Any) -> Any:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import linecache
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,10 +25,10 @@ from functools import partial
 from typing import Any
 
 from .. import twophase
-from ..decision import NO_NAMES, OK, Decision, Finding, allowed
+from ..decision import Decision, Finding, allowed, found, inline_allowed
 from ..errors import ReservationNotFound, ReservationSettled
 from ..reservations import CANCELLED, COMMITTED, OPEN
-from ..rules import Rule
+from ..rules import EPSILON, Rule
 from ..twophase import Slot
 from .base import Check, Store
 
@@ -60,56 +61,76 @@ def compile_lean(slots: list[Slot], locks: list[threading.Lock], store: MemorySt
     This is the hot path of every in-process decision. Written out, it costs about a
     third less than loops over the locks and slots: no loop, no list of results, every
     name a closure variable. The code is generated once per shape of plan (how many locks
-    and slots, which slots count requests); its source holds only numbers, never a value.
-    A denial goes on in `twophase.deny`, which the compiled code calls.
+    and slots, which slots count requests, which are soft); its source holds only numbers
+    and the allowed decision's expression from `decision.inline_allowed` (derived from
+    Decision's fields), never a rule's value. A denial reads the waits of the rules after the
+    one that denied, in the same straight line, and `twophase.denial` makes its Finding. A
+    soft rule (a soft quota) counts in no `remaining`; a decision that takes one below zero
+    answers with the Finding that names it (`over`), as twophase.decide would.
     """
     if not slots:
         return lambda cost, now, lease=None: allowed(INFINITY)
-    shape = (len(locks), tuple(slot.per_request for slot in slots))
+    shape = (len(locks), tuple(slot.per_request for slot in slots), tuple(slot.rule.soft for slot in slots))
     make = _LEAN_MAKERS.get(shape) or _LEAN_MAKERS.setdefault(shape, _lean_maker(*shape))
-    values: list[Any] = [partial(twophase.deny, slots), store._counted, store._sweep_due, store._sweep_next]
+    values: list[Any] = [partial(twophase.denial, slots), store._counted, store._sweep_due, store._sweep_next]
     values += [lock.acquire for lock in locks] + [lock.release for lock in locks]
     for rule, table, name, floor, _, _ in slots:
-        values += [rule.attempt, table.get, table, name, floor]
+        values += [rule.attempt, rule.wait, table.get, table, name, floor]
     return make(*values)
 
 
 _LEAN_MAKERS: dict[tuple, Callable] = {}
 
 
-def _lean_maker(locks: int, counts_requests: tuple) -> Callable:
+def _lean_maker(locks: int, counts_requests: tuple, soft: tuple) -> Callable:
     # Every decision, allowed or denied, is counted once the locks are let go (in `finally`,
     # which a denial's return goes through too), so that a sweep, which takes a shard's
     # lock, never runs under them.
     params = ["deny", "counted", "due", "sweep"] + [f"lock{j}" for j in range(locks)]
     params += [f"unlock{j}" for j in range(locks)]
     lines = [f"        lock{j}()" for j in range(locks)] + ["        try:"]
-    for i, per_request in enumerate(counts_requests):
-        params += [f"a{i}", f"g{i}", f"t{i}", f"n{i}", f"f{i}"]
-        cost = "1.0" if per_request else "cost"
-        lines += [
-            f"            s{i} = a{i}(g{i}(n{i}), now, {cost}, f{i})",
-            f"            if s{i}.__class__ is float: return deny({i}, s{i}, cost, now)",
-        ]
+    costs = ["1.0" if per_request else "cost" for per_request in counts_requests]
+    for i, cost in enumerate(costs):
+        params += [f"a{i}", f"w{i}", f"g{i}", f"t{i}", f"n{i}", f"f{i}"]
+        lines += [f"            s{i} = a{i}(g{i}(n{i}), now, {cost}, f{i})", f"            if s{i}.__class__ is float:"]
+        if i == len(costs) - 1:
+            lines += [f"                return deny({i}, s{i}, now)"]
+            continue
+        # Denied at i: only the rules after it can wait longer; the longest wait blocks.
+        # (One name a statement: `b, w = i, s` costs a SWAP more.)
+        lines += [f"                b = {i}", f"                w = s{i}"]
+        for j in range(i + 1, len(costs)):
+            lines += [
+                f"                s = w{j}(g{j}(n{j}), now, {costs[j]}, f{j})",
+                f"                if s > w: b = {j}; w = s",
+            ]
+        lines += ["                return deny(b, w, now)"]
     lines += [f"            t{i}[n{i}] = s{i}" for i in range(len(counts_requests))]
     lines += ["            pass", "        finally:"] + [f"            unlock{j}()" for j in reversed(range(locks))]
     lines += ["            if next(counted) >= due[0]: sweep(now)"]
-    lines += ["        left = INFINITY"]
-    lines += [f"        if s{i}[1] < left: left = s{i}[1]" for i in range(len(counts_requests))]
-    lines += ["        return new(Decision, (True, 0.0, None, OK, left, False, None, NO_NAMES))"]
+    enforced = [i for i, is_soft in enumerate(soft) if not is_soft]
+    lines += [f"        left = s{enforced[0]}[1]" if enforced else "        left = INFINITY"]
+    lines += [f"        if s{i}[1] < left: left = s{i}[1]" for i in enforced[1:]]
+    if len(enforced) < len(soft):
+        lines += ["        over = ()"]
+        lines += [f"        if s{i}[1] < -EPSILON: over += ({i},)" for i, is_soft in enumerate(soft) if is_soft]
+        lines += ["        if over: return found(-1, 0.0, left, (), over)"]
+    decision, names = inline_allowed("left")
+    lines += [f"        return {decision}"]
     source = (
         f"def make({', '.join(params)}):\n    def decide(cost, now, lease=None):\n"
         + "\n".join(lines)
-        + "\n    return decide"
+        + "\n    return decide\n"
     )
-    namespace: dict[str, Any] = {
-        "INFINITY": INFINITY,
-        "new": tuple.__new__,
-        "Decision": Decision,
-        "OK": OK,
-        "NO_NAMES": NO_NAMES,
-    }
-    exec(source, namespace)
+    # A file name of its own, its source in linecache: a traceback shows the generated line.
+    slots = ",".join(
+        ("request" if per_request else "cost") + (" soft" if is_soft else "")
+        for per_request, is_soft in zip(counts_requests, soft)
+    )
+    filename = f"<core/stores/memory.py lean decide: {locks} locks, slots {slots}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    namespace: dict[str, Any] = {"INFINITY": INFINITY, "EPSILON": EPSILON, "found": found, **names}
+    exec(compile(source, filename, "exec"), namespace)
     return namespace["make"]
 
 
@@ -176,6 +197,10 @@ class MemoryStore(Store[MemoryPlan]):
         with _Locked(plan.locks):
             for slot in plan.slots:
                 slot.table.pop(slot.name, None)
+
+    def adjust(self, plan: MemoryPlan, now: float, delta: float) -> list[float]:
+        with _Locked(plan.locks):
+            return twophase.adjust(plan.slots, now, delta)
 
     # --- reservations: records in a dict, dropped once they expire ----------------------
 

@@ -15,8 +15,8 @@ persistence, `FUNCTION FLUSH`) answers that the function is not found, without r
 anything: the store loads it and calls again. A Redis older than 7 gets the same Lua as a
 script (EVALSHA, reloaded after NOSCRIPT).
 
-A plan with a plug-in rule that has no twin is decided optimistically: WATCH, the two phases
-in Python (core/twophase.py), MULTI/EXEC.
+A plan with a plug-in rule that has no twin is decided optimistically (optimistic.py): WATCH,
+the two phases in Python (core/twophase.py), MULTI/EXEC.
 
 When Redis cannot be reached, calls fail within the socket timeouts (50 ms by default) and
 raise StoreUnavailable; the limiter then applies each level's fail mode. A circuit breaker
@@ -30,32 +30,26 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import itertools
-import json
-import math
-import random
-import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.commands.core import Script
-from redis.exceptions import AskError, NoScriptError, RedisError, ResponseError, WatchError
+from redis.exceptions import AskError, NoScriptError, RedisError, ResponseError
 from redis.retry import Retry
 
 from .. import twophase
 from ..decision import Decision, Finding, allowed, found
 from ..errors import ConfigError, ReservationNotFound, ReservationSettled, StoreUnavailable
-from ..reservations import CANCELLED, COMMITTED, OPEN
 from ..rules import Rule
-from ..twophase import Slot
+from ..twins import RedisTwin
 from .base import Check, Health, Store
 from .breaker import CircuitBreaker
 from .connections import ASKING, bulk, held_connections, script_call_start
-from .keeping import decode_record, decode_state, read_state, record_fields, rule_tag, write_state
+from .keeping import decode_record, record_fields, rule_tag
 from .library import LuaLibrary, current_library, lua_body, lua_source
+from .optimistic import OptimisticPath, read_slots, record_ttl
 
 NOSCRIPT_TRIES = 3
 # How rule state keys are named (see RedisStore.key_name).
@@ -68,8 +62,6 @@ BATCH_TIMEOUT = 1.0
 # One connection per thread deciding at once; redis-py's default of 100 would refuse the
 # 101st thread rather than make it wait (and a refusal would count as an outage).
 MAX_CONNECTIONS = 10_000
-# How long an optimistic decision keeps trying while other clients keep changing its keys.
-OPTIMISTIC_DEADLINE = 1.0
 # How many redirects in a row a call follows before it gives up (a slot moving as we call).
 MOST_REDIRECTS = 5
 
@@ -81,16 +73,52 @@ Redirect = Callable[[AskError, LuaLibrary, Sequence[str], bytes, int, int], Any]
 class RedisPlan:
     """One key set, resolved: key names, the library that holds its rules' twins and the
     rules as its script reads them (`spec`), where its reservation records go, and whether
-    a plug-in rule with no twin sends it down the optimistic path."""
+    a plug-in rule with no twin sends it down the optimistic path.
 
-    __slots__ = ("keys", "spec", "checks", "leased", "optimistic", "lua", "records")
+    A twin may hand its Lua numbers of the call's time (a quota's period: core/twins.py,
+    `per_call`): such a plan keeps its spec check by check (`parts`) and where those numbers
+    go (`timed`), and `spec_at` writes them in per call. Other plans' specs never change."""
+
+    __slots__ = ("keys", "spec", "checks", "leased", "optimistic", "lua", "records", "parts", "timed", "_written")
 
     def __init__(
-        self, keys: Sequence[str], spec: str, checks: Sequence[Check], lua: LuaLibrary, records: str, optimistic: bool
+        self,
+        keys: Sequence[str],
+        spec: str,
+        checks: Sequence[Check],
+        lua: LuaLibrary,
+        records: str,
+        optimistic: bool,
+        parts: Sequence[str] = (),
+        timed: Sequence[tuple[int, RedisTwin, Rule]] = (),
     ) -> None:
         self.keys, self.spec, self.checks, self.lua, self.records = tuple(keys), spec, list(checks), lua, records
         self.leased = any(check.rule.leased for check in checks)
         self.optimistic = optimistic
+        self.parts, self.timed = tuple(parts), tuple(timed)
+        # The last per-call numbers, their spec, and the spec as a decision's argument ends.
+        self._written: tuple[tuple, str, bytes] = ((), spec, f" decide{spec}".encode())
+
+    def spec_at(self, now: float | None) -> str:
+        """The spec of a call at `now` (None: the server's TIME)."""
+        return self._write(now)[1] if self.timed else self.spec
+
+    def decide_tail_at(self, now: float | None) -> bytes:
+        """`" decide" + spec_at(now)`, encoded: how a decision's argument ends."""
+        return self._write(now)[2]
+
+    def _write(self, now: float | None) -> tuple[tuple, str, bytes]:
+        # Written again only when the numbers of the call's time change (a quota's period).
+        numbers = tuple(twin.per_call(rule, now) for _, twin, rule in self.timed if twin.per_call)
+        written = self._written
+        if written[0] == numbers:
+            return written
+        parts = list(self.parts)
+        for (i, _, _), values in zip(self.timed, numbers):
+            parts[i] += RedisTwin.format_per_call(values)
+        spec = "".join(parts)
+        written = self._written = (numbers, spec, f" decide{spec}".encode())
+        return written
 
 
 def redis_plan(checks: Sequence[Check], keys: Sequence[str], records: str) -> RedisPlan:
@@ -101,13 +129,19 @@ def redis_plan(checks: Sequence[Check], keys: Sequence[str], records: str) -> Re
     twins = [check.rule.redis_twin for check in checks]
     if any(twin is None or twin.name not in lua.twins for twin in twins):
         return RedisPlan(keys, "", checks, lua, records, optimistic=True)
-    spec = "".join(
-        f" {twin.name} {float(floor)!r} {'1' if rule.counts_requests else '0'} {'1' if rule.shadow else '0'}"
+    parts = [
+        f" {twin.name} {float(floor)!r} {'1' if rule.counts_requests else '0'} {enforcement(rule)}"
         f" {twin.arguments(rule)}"
         for (_, _, rule, floor), twin in zip(checks, twins)
         if twin is not None
-    )
-    return RedisPlan(keys, spec, checks, lua, records, optimistic=False)
+    ]
+    timed = [(i, twin, check.rule) for i, (check, twin) in enumerate(zip(checks, twins)) if twin and twin.per_call]
+    return RedisPlan(keys, "".join(parts), checks, lua, records, optimistic=False, parts=parts, timed=timed)
+
+
+def enforcement(rule: Rule) -> str:
+    """How the script enforces a rule: '0' it may deny, '1' a shadow, '2' soft (decide.lua)."""
+    return "2" if rule.soft else "1" if rule.shadow else "0"
 
 
 class RedisStore(Store[RedisPlan]):
@@ -143,7 +177,8 @@ class RedisStore(Store[RedisPlan]):
         self._scripts_only = False
         self._records = f"{prefix}:reservation:"
         self._scripts: dict[str, Script] = {}
-        self._turns = [threading.Lock() for _ in range(64)]
+        # Plans with a plug-in rule that has no twin (optimistic.py).
+        self.optimistic = OptimisticPath(self.client)
 
     @property
     def library(self) -> str:
@@ -173,18 +208,20 @@ class RedisStore(Store[RedisPlan]):
 
     def decide(self, plan: RedisPlan, cost: float, now: float | None, lease: str | None) -> Decision | Finding:
         if plan.optimistic:
-            return self._call(self._decide_optimistically, plan, cost, now, lease)
-        argument = f"{'-' if now is None else repr(now)} {cost!r} {lease or '-'} decide{plan.spec}"
+            return self._call(self.optimistic.decide, plan, cost, now, lease)
+        argument = f"{'-' if now is None else repr(now)} {cost!r} {lease or '-'} decide{plan.spec_at(now)}"
         return outcome_of(self._call(self._script, plan.lua, plan.keys, argument))
 
     def decider(self, plan: RedisPlan) -> Callable[[float, float, str | None], Decision | Finding]:
         """A plan's decision on held connections: its command is packed once, but for the
         argument that changes; an allowed decision with no shadow rule in the way comes
-        back as the Decision itself."""
+        back as the Decision itself. A plan whose spec changes with the time (a quota's) writes
+        its spec per call, in a decider of its own, so that the others pay nothing for it."""
         if plan.optimistic:
             return super().decider(plan)
         lua, keys, spec, call, fcall = plan.lua, plan.keys, f" decide{plan.spec}".encode(), self._call, self._fcall
         packed: dict[bool, bytes] = {}
+        tail_at = plan.decide_tail_at
 
         def decide(cost: float, now: float | None, lease: str | None = None) -> Decision | Finding:
             argument = f"{'-' if now is None else repr(now)} {cost!r} {lease or '-'}".encode() + spec
@@ -193,14 +230,21 @@ class RedisStore(Store[RedisPlan]):
                 return allowed(float(reply))
             return outcome_of(reply)
 
-        return decide
+        def decide_timed(cost: float, now: float | None, lease: str | None = None) -> Decision | Finding:
+            argument = f"{'-' if now is None else repr(now)} {cost!r} {lease or '-'}".encode() + tail_at(now)
+            reply = call(fcall, lua, keys, bulk(argument), 1, packed)
+            if reply.__class__ is not list and lease is None:
+                return allowed(float(reply))
+            return outcome_of(reply)
+
+        return decide_timed if plan.timed else decide
 
     def release(self, plan: RedisPlan, now: float | None, lease: str) -> int:
         if not plan.leased:
             return 0
         if plan.optimistic:
-            return self._call(self._release_optimistically, plan, now, lease)
-        argument = f"{'-' if now is None else repr(now)} 0 {lease} release{plan.spec}"
+            return self._call(self.optimistic.release, plan, now, lease)
+        argument = f"{'-' if now is None else repr(now)} 0 {lease} release{plan.spec_at(now)}"
         return int(self._call(self._script, plan.lua, plan.keys, argument)[0])
 
     def decide_many(
@@ -220,7 +264,7 @@ class RedisStore(Store[RedisPlan]):
                     results[i] = error
             else:
                 at = "-" if now is None else repr(now)
-                batch.append((i, plan.lua, plan.keys, f"{at} {cost!r} {lease or '-'} decide{plan.spec}"))
+                batch.append((i, plan.lua, plan.keys, f"{at} {cost!r} {lease or '-'} decide{plan.spec_at(now)}"))
         self._decide_pipelined(batch, results)
         return results
 
@@ -293,21 +337,15 @@ class RedisStore(Store[RedisPlan]):
     def reserve(self, plan: RedisPlan, cost: float, now: float, lease: str | None, record: dict) -> Decision | Finding:
         key, expires_at = plan.records + record["id"], record["expires_at"]
         if plan.optimistic:
-            outcome = self._call(self._decide_optimistically, plan, cost, now, lease, expires_at)
+            outcome = self._call(self.optimistic.decide, plan, cost, now, lease, expires_at)
             if outcome[0] < 0:  # a second call: the record, written once the take is done
                 untaken = [plan.keys[i] for i in outcome[3]]
-                ttl = math.ceil(record["hold"] * 1000) + 1000  # a second of slack, as for state
-                self._call(self._write_record, key, record_fields(record, untaken), ttl)
+                written = record_fields(record, untaken)
+                self._call(self.optimistic.write_record, key, written, record_ttl(record["hold"]))
             return outcome
-        argument = f"{now!r} {cost!r} {lease or '-'} reserve{plan.spec}"
+        argument = f"{now!r} {cost!r} {lease or '-'} reserve{plan.spec_at(now)}"
         fields = [part for pair in record_fields(record, ()).items() for part in pair]
         return outcome_of(self._call(self._script, plan.lua, (*plan.keys, key), argument, repr(expires_at), *fields))
-
-    def _write_record(self, key: str, fields: dict, ttl: int) -> None:
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping=fields)
-            pipe.pexpire(key, ttl)
-            pipe.execute()
 
     def reservation(self, reservation_id: str, now: float | None = None) -> dict | None:
         return self.record(self.reservation_key(reservation_id), now)
@@ -331,11 +369,11 @@ class RedisStore(Store[RedisPlan]):
     ) -> tuple[float, int]:
         key = plan.records + reservation_id
         if plan.optimistic:
-            answer = self._call(self._settle_optimistically, plan, key, actual_cost, now)
+            answer = self._call(self.optimistic.settle, plan, key, actual_cost, now)
         else:
             argument = (
                 f"{'-' if now is None else repr(now)} "
-                f"{'-' if actual_cost is None else repr(actual_cost)} - settle{plan.spec}"
+                f"{'-' if actual_cost is None else repr(actual_cost)} - settle{plan.spec_at(now)}"
             )
             answer = self._call(self._script, plan.lua, (*plan.keys, key), argument)
         if answer[0] == b"missing":
@@ -347,16 +385,22 @@ class RedisStore(Store[RedisPlan]):
     # --- reads, and the rest ----------------------------------------------------------------
 
     def explain(self, plan: RedisPlan, cost: float, now: float | None) -> list[tuple[float, float]]:
-        at, _, slots = self._call(self._read, plan, now)
+        at, _, slots = self._call(read_slots, self.client, plan, now)
         return twophase.explain(slots, cost, at)
 
     def inspect(self, plan: RedisPlan, now: float | None) -> list[dict]:
-        at, _, slots = self._call(self._read, plan, now)
+        at, _, slots = self._call(read_slots, self.client, plan, now)
         return twophase.inspect(slots, at)
 
     def reset(self, plan: RedisPlan) -> None:
         if plan.keys:
             self._call(self.client.delete, *plan.keys)
+
+    def adjust(self, plan: RedisPlan, now: float | None, delta: float) -> list[float]:
+        if plan.optimistic:
+            return self._call(self.optimistic.adjust, plan, now, delta)
+        argument = f"{'-' if now is None else repr(now)} {float(delta)!r} - adjust{plan.spec_at(now)}"
+        return [float(balance) for balance in self._call(self._script, plan.lua, plan.keys, argument)]
 
     def close(self) -> None:
         self._held.close()
@@ -372,7 +416,7 @@ class RedisStore(Store[RedisPlan]):
 
     def run_script(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Another Lua script on this server (EVALSHA, loaded when missing), through this
-        store's breaker: a cluster's leased budgets call their pools so."""
+        store's breaker: a cluster's shared budgets call their pools so."""
         script = self._scripts.get(source)
         if script is None:
             script = self._scripts.setdefault(source, self.client.register_script(source))
@@ -385,116 +429,6 @@ class RedisStore(Store[RedisPlan]):
         through this store's breaker; after ASKING when `asking` (a slot on its way to this
         node). A cluster sends here the calls another node redirected."""
         return self._call(self._fcall, lua, keys, tail, count, {}, asking, hops)
-
-    def _read(
-        self, plan: RedisPlan, now: float | None, pipe: Any = None
-    ) -> tuple[float, twophase.WrittenTable, list[Slot]]:
-        """Every check's state, read in one round trip (or, on a pipeline that WATCHes, one
-        by one, as WATCH works) and decoded into its rule's own shape, as slots: explain,
-        inspect and the optimistic path run the rules' Python code on them."""
-        reader = pipe if pipe is not None else self.client.pipeline(transaction=True)
-        results = [reader.time()]
-        for key, check in zip(plan.keys, plan.checks):
-            results.append(read_state(reader, key, check.rule))
-        if pipe is None:
-            results = reader.execute()
-        (seconds, micros), *raw = results
-        now = seconds + micros / 1_000_000 if now is None else now
-        table = twophase.WrittenTable(
-            {key: decode_state(check.rule, value) for key, check, value in zip(plan.keys, plan.checks, raw)}
-        )
-        slots = [
-            Slot(c.rule, table, key, c.floor, c.rule.shadow, c.rule.counts_requests)
-            for c, key in zip(plan.checks, plan.keys)
-        ]
-        return now, table, slots
-
-    # --- the optimistic path of plug-in rules without a twin -----------------------------
-
-    def _decide_optimistically(
-        self, plan: RedisPlan, cost: float, now: float | None, lease: str | None, lease_until: float | None = None
-    ) -> Finding:
-        """WATCH the plan's keys, read every state, decide in Python (core.twophase, as the
-        in-process store does), then write in MULTI/EXEC; if a key changed meanwhile, EXEC
-        fails and the whole decision is made again. Costs 3 + n round trips, and retries under
-        contention; a Lua decision costs one. `lease_until`: when the lease, a reservation's,
-        must run out."""
-
-        def decide(slots: list[Slot], at: float, _: Any) -> tuple[Finding, None]:
-            if lease_until is None:
-                return twophase.decide(slots, cost, at, lease), None
-            return twophase.reserve(slots, cost, at, lease, lease_until), None
-
-        return self._optimistically(plan, now, decide)
-
-    def _release_optimistically(self, plan: RedisPlan, now: float | None, lease: str) -> int:
-        def release(slots: list[Slot], at: float, _: Any) -> tuple[int, None]:
-            return twophase.release(slots, at, lease), None
-
-        return self._optimistically(plan, now, release)
-
-    def _settle_optimistically(
-        self, plan: RedisPlan, record_key: str, actual_cost: float | None, now: float | None
-    ) -> list:
-        """The Lua's settle in Python, for a plan with a plug-in rule: the record is watched
-        with the rules' keys, and marked settled in the same MULTI/EXEC."""
-
-        def settle(slots: list[Slot], at: float, raw: dict) -> tuple[list, dict | None]:
-            record = decode_record(raw) if raw else None
-            if record is None or at >= record["expires_at"]:
-                return [b"missing"], None
-            if record["status"] != OPEN:
-                return [b"settled", record["status"].encode()], None
-            delta = (actual_cost or 0) - record["cost"]
-            untaken = {name.decode().removeprefix("untaken:") for name in raw if name.startswith(b"untaken:")}
-            released = twophase.settle(slots, at, delta, record["taken_at"], untaken, record["lease"])
-            status = CANCELLED if actual_cost is None else COMMITTED
-            fields = {"status": status, "actual_cost": json.dumps(actual_cost)}
-            return [b"ok", released, repr(float(delta))], fields
-
-        return self._optimistically(plan, now, settle, record_key)
-
-    def _optimistically(self, plan: RedisPlan, now: float | None, work: Callable, record_key: str | None = None) -> Any:
-        # Threads of this process take turns per key set, so that WATCH only ever races
-        # other processes: 200 threads all watching one key would mostly fail each other.
-        with self._turns[hash(plan.keys) % len(self._turns)]:
-            return self._watch_and_write(plan, now, work, record_key)
-
-    def _watch_and_write(
-        self, plan: RedisPlan, now: float | None, work: Callable, record_key: str | None = None
-    ) -> Any:
-        """WATCH the plan's keys (and a reservation's record, read first and handed to
-        `work`), read every state, let `work` change them, and write back in MULTI/EXEC
-        the states it changed (and the record's fields it returns)."""
-        deadline = time.monotonic() + OPTIMISTIC_DEADLINE
-        with self.client.pipeline(transaction=True) as pipe:
-            for attempt in itertools.count():
-                if attempt and time.monotonic() > deadline:
-                    break
-                if attempt:  # back off, with jitter, so that contenders stop colliding
-                    time.sleep(random.uniform(0, min(0.01, 0.0002 * 2**attempt)))
-                try:
-                    pipe.watch(*plan.keys, *([record_key] if record_key else []))
-                    record = pipe.hgetall(record_key) if record_key else None
-                    at, table, slots = self._read(plan, now, pipe)
-                    result, fields = work(slots, at, record)
-                    pipe.multi()
-                    # What the two phases wrote, and only that, goes back: a denial writes
-                    # nothing, so no state comes out of it expiring sooner than it went in.
-                    for check, key in zip(plan.checks, plan.keys):
-                        if key not in table.written:
-                            continue
-                        if table.get(key) is not None:
-                            write_state(pipe, key, check.rule, table[key], at)
-                        else:
-                            pipe.delete(key)  # as good as no state: a bucket refunded to full
-                    if fields and record_key:
-                        pipe.hset(record_key, mapping=fields)
-                    pipe.execute()
-                    return result
-                except WatchError:
-                    continue
-        raise StoreUnavailable(f"Redis keys kept changing for {OPTIMISTIC_DEADLINE} s")
 
     # --- one script call ------------------------------------------------------------------
 
@@ -591,11 +525,12 @@ class RedisStore(Store[RedisPlan]):
 
 def outcome_of(reply: Any) -> Finding:
     """A decision's reply as a Finding: the script sends the room left alone when every
-    rule took and no shadow rule would have denied, else all four fields."""
+    rule took, no shadow rule would have denied and no soft rule went over; else the fields
+    (a denial's without `over`: it took nothing)."""
     if reply.__class__ is not list:
         return found(-1, 0.0, float(reply))
-    blocker, wait, remaining, shadows = reply
-    return found(blocker, float(wait), float(remaining), tuple(shadows))
+    over = tuple(reply[4]) if len(reply) > 4 else ()
+    return found(reply[0], float(reply[1]), float(reply[2]), tuple(reply[3]), over)
 
 
 def connect(url: str, timeout: float = DEFAULT_TIMEOUT, read_timeout: float | None = None) -> redis.Redis:

@@ -16,7 +16,9 @@ from __future__ import annotations
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 
-from policies.tokens import TokenIdentity, find_token
+from policies.services.auth import BEARER_CHALLENGE, DECIDING_SCOPES, bearer_identity
+from policies.services.errors import Unauthenticated
+from policies.tokens import TokenIdentity
 
 
 class TokenUser:
@@ -35,35 +37,16 @@ class TokenUser:
         return self.username
 
 
-BEARER_CHALLENGE = 'Bearer realm="limiter"'
-# The scopes that may ask for decisions, batches and reservations.
-DECIDING_SCOPES = ("decide", "admin")
-
-
-def bearer_identity(header: str) -> TokenIdentity | None:
-    """The identity of an `Authorization: Bearer la_...` header; None when the header names
-    no Bearer token (another scheme, or none); AuthenticationFailed for a bad token."""
-    if not header:
-        return None
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    token = token.strip()
-    if not token or " " in token:
-        raise exceptions.AuthenticationFailed("malformed Bearer token")
-    identity = find_token(token)
-    if identity is None:
-        raise exceptions.AuthenticationFailed("unknown or revoked token")
-    return identity
-
-
 class ServiceTokenAuthentication(authentication.BaseAuthentication):
     """`Authorization: Bearer la_...`; `request.auth` is the token's TokenIdentity."""
 
     keyword = "Bearer"
 
     def authenticate(self, request):
-        identity = bearer_identity(request.META.get("HTTP_AUTHORIZATION", ""))
+        try:
+            identity = bearer_identity(request.META.get("HTTP_AUTHORIZATION", ""))
+        except Unauthenticated as error:  # DRF's own exception, so that DRF adds its challenge
+            raise exceptions.AuthenticationFailed(error.reason) from None
         return None if identity is None else (TokenUser(identity), identity)
 
     def authenticate_header(self, request):

@@ -5,7 +5,8 @@ gateways that ask an HTTP endpoint about each request and act on its status (ngi
 
 The request's headers say what to decide: each level's key in the header that
 LIMITER_AUTHZ_KEYS names for it (the global level's key is always `*`), the cost in
-`X-Limiter-Cost` (default 1), the priority class in `X-Limiter-Priority`. The answer:
+`X-Limiter-Cost` (default 1, at least LIMITER_AUTHZ_MIN_COST), the priority class in
+`X-Limiter-Priority`. The answer:
 
 - allowed: 200, no body, the RateLimit fields, and `X-Limiter-Lease` (empty when no
   concurrency slot was taken: some gateways copy a header that is absent as a placeholder);
@@ -25,26 +26,28 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 
 from core.params import LARGEST_NUMBER
-from policies.compile import GLOBAL_LEVEL, TENANT_LEVEL, policy_cache
 from policies.headers import retry_after_header
-from policies.leases import lease_id
+from policies.services import decisions
+from policies.services.answers import decision_body, decision_headers
+from policies.services.errors import invalid
+from policies.services.forward_auth import (
+    DEFAULT_COST,
+    authz_keys_problems,
+    cost_from_header,
+    keys_from_headers,
+    min_cost_problems,
+)
+from policies.services.inputs import MAX_KEY_LENGTH, parse_priority
 
 from . import schemas
-from .answers import decision_body, decision_headers
-from .errors import invalid
 from .gateway import Answer, Call, GatewayView, described
-from .observe import record
-from .requests import MAX_KEY_LENGTH, number, parse_priority
 from .schema_hooks import names_of
 
 COST_HEADER = "X-Limiter-Cost"
 PRIORITY_HEADER = "X-Limiter-Priority"
-LEASE_HEADER = "X-Limiter-Lease"
+LEASE_HEADER = "X-Limiter-Lease"  # carries the lease ticket (policies.services.leases)
 RETRY_AFTER_HEADER = "X-Limiter-Retry-After"
 DENY_STATUSES = (429, 403)
-GLOBAL_KEY = "*"
-# RFC 9110's token characters: what a header's name may hold.
-_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
 def _meta_name(header: str) -> str:
@@ -52,31 +55,18 @@ def _meta_name(header: str) -> str:
     return "HTTP_" + header.upper().replace("-", "_")
 
 
-def authz_keys_problems(mapping: Any) -> list[str]:
-    """What is wrong with a LIMITER_AUTHZ_KEYS value: it maps level names to header names."""
-    if not isinstance(mapping, dict) or not mapping:
-        return [f"must be a JSON object mapping level names to header names, not {mapping!r}"]
-    problems = []
-    for level, header in mapping.items():
-        if level == GLOBAL_LEVEL:
-            problems.append(f"{level!r}: the global level's key is always {GLOBAL_KEY!r}, from no header")
-        elif not isinstance(header, str) or not header or not set(header) <= _TOKEN:
-            problems.append(f"{level!r}: {header!r} is not a header name")
-    return problems
-
-
 def _header_parameters() -> list[OpenApiParameter]:
     """The request's header fields as the schema describes them: the key headers this
-    deployment's LIMITER_AUTHZ_KEYS names (settings do not change while it runs)."""
+    deployment's LIMITER_AUTHZ_KEYS names, the cost from its LIMITER_AUTHZ_MIN_COST up
+    (settings do not change while it runs)."""
     mapping = settings.LIMITER_AUTHZ_KEYS if not authz_keys_problems(settings.LIMITER_AUTHZ_KEYS) else {}
     key = {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH, "pattern": r"^\S(.*\S)?$"}
-    cost = {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": LARGEST_NUMBER}
     return [
         *(
             OpenApiParameter(header, key, OpenApiParameter.HEADER, required=True, description=f"The {level} key.")
             for level, header in mapping.items()
         ),
-        OpenApiParameter(COST_HEADER, cost, OpenApiParameter.HEADER, description="Greater than 0; absent: 1."),
+        _cost_parameter(),
         OpenApiParameter(
             PRIORITY_HEADER,
             names_of("priority"),
@@ -91,6 +81,25 @@ def _header_parameters() -> list[OpenApiParameter]:
             description="Default 429.",
         ),
     ]
+
+
+def _cost_parameter() -> OpenApiParameter:
+    """X-Limiter-Cost from LIMITER_AUTHZ_MIN_COST up (above 0 with no floor); required when the
+    floor is above the default cost."""
+    floor = settings.LIMITER_AUTHZ_MIN_COST if not min_cost_problems(settings.LIMITER_AUTHZ_MIN_COST) else 0
+    if not floor:
+        cost = {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": LARGEST_NUMBER}
+        return OpenApiParameter(COST_HEADER, cost, OpenApiParameter.HEADER, description="Greater than 0; absent: 1.")
+    cost = {"type": "number", "minimum": floor, "maximum": LARGEST_NUMBER}
+    required = DEFAULT_COST < floor
+    absent = "required (the default, 1, is below it)" if required else "absent: 1"
+    return OpenApiParameter(
+        COST_HEADER,
+        cost,
+        OpenApiParameter.HEADER,
+        required=required,
+        description=f"At least {floor:g} (LIMITER_AUTHZ_MIN_COST); {absent}.",
+    )
 
 
 _DESCRIPTION: dict[str, Any] = {
@@ -136,16 +145,15 @@ class AuthzView(GatewayView):
     def answer(self, call: Call, **kwargs: Any) -> Answer:
         meta = call.request.META
         deny_status = _deny_status(call.request.GET)
-        policy = policy_cache().current()
-        keys = _keys(meta, policy.levels)
-        cost = _cost(meta.get(_meta_name(COST_HEADER)))
+        policy = decisions.current_policy()
+        keys = keys_from_headers(lambda name: meta.get(_meta_name(name)), settings.LIMITER_AUTHZ_KEYS, policy.levels)
+        cost = cost_from_header(meta.get(_meta_name(COST_HEADER)), COST_HEADER, settings.LIMITER_AUTHZ_MIN_COST)
         priority = parse_priority(meta.get(_meta_name(PRIORITY_HEADER)), policy.priorities, PRIORITY_HEADER)
-        limiter = policy_cache().limiter_for(keys.get(TENANT_LEVEL))
-        decision = limiter.acquire(keys, cost, priority)
-        record(keys, decision, cost, priority)
-        headers = decision_headers(limiter, keys, decision)
+        decided = decisions.decide(keys, cost, priority)
+        decision = decided.decision
+        headers = decision_headers(decided.limiter, keys, decision)
         if decision.allowed:
-            headers[LEASE_HEADER] = lease_id(keys, decision.lease) or ""
+            headers[LEASE_HEADER] = decided.ticket or ""
             return Answer(None, headers)
         if deny_status == 403:
             wait = headers.pop("Retry-After", None)
@@ -166,37 +174,3 @@ def _deny_status(query) -> int:
     if raw not in ("403", "429"):
         raise invalid("deny_status", f"must be 403 or 429, not {raw!r}")
     return int(raw)
-
-
-def _keys(meta, levels: tuple[str, ...]) -> dict[str, str]:
-    """Each mapped level's key from its header, in the policy's level order, and `*` at the
-    global level when the policy has one."""
-    mapping = settings.LIMITER_AUTHZ_KEYS
-    keys = {}
-    for level in levels:
-        if level == GLOBAL_LEVEL:
-            keys[level] = GLOBAL_KEY
-            continue
-        header = mapping.get(level)
-        if header is None:
-            continue
-        key = meta.get(_meta_name(header))
-        if not key:
-            raise invalid(header, f"this header is required: it carries the {level} key")
-        if len(key) > MAX_KEY_LENGTH:
-            raise invalid(header, f"must be at most {MAX_KEY_LENGTH} characters")
-        keys[level] = key
-    for level, header in mapping.items():
-        if level not in levels:
-            raise invalid(header, f"LIMITER_AUTHZ_KEYS maps it to level {level!r}, which is not configured")
-    return keys
-
-
-def _cost(raw: str | None) -> float:
-    if raw is None:
-        return 1
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        raise invalid(COST_HEADER, f"must be a number, not {raw!r}") from None
-    return number(value, COST_HEADER)

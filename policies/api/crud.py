@@ -1,12 +1,12 @@
-"""The operators' policy CRUD: /api/v1/tiers, /tenants, /levels, /priorities and /settings.
+"""The operators' policy CRUD: /api/v1/tiers, /tenants, /levels, /priorities, /alerts and /settings.
 
 Rows are addressed by their natural key (a tier's or level's name, a tenant's key), never
 by id. Every write runs in one transaction: a tier or tenant and its rules are saved
-together or not at all. Tiers, tenants, levels and priority classes are versioned: PUT and
+together or not at all. Tiers, tenants, levels, priority classes and alerts are versioned: PUT and
 PATCH send the version they read and get a 409 if it moved. Every committed write bumps the policy version (the
 models' signals), so each worker decides with it within a second.
 
-The shapes and their validation are in `policy_serializers`.
+The shapes and their validation are in `serializers` (one module per resource).
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import generics
 from rest_framework.pagination import LimitOffsetPagination
 
-from policies.invariants import PolicyViolation, check_deletable
-from policies.models import Level, PolicySettings, PriorityClass, StaleVersion, Tenant, Tier
+from policies.integrity import check_deletable
+from policies.invariants import PolicyViolation
+from policies.models import Alert, Level, PolicySettings, PriorityClass, StaleVersion, Tenant, Tier
+from policies.services.errors import conflict, invalid, not_found
 
-from . import policy_serializers as shapes
 from . import schemas
+from . import serializers as shapes
 from .auth import IsOperator
-from .errors import conflict, invalid, not_found
 
 TAGS = ["policy"]
 CONFLICT = {
@@ -242,6 +243,22 @@ class PriorityItem(PolicyItem):
     serializer_class = shapes.PrioritySerializer
     queryset = PriorityClass.objects.prefetch_related("levels")
     kind = "priority class"
+
+
+# Alerts ---------------------------------------------------------------------------------------
+
+
+@_list_schema("alerts", "alert", shapes.AlertSerializer)
+class AlertList(PolicyList):
+    serializer_class = shapes.AlertSerializer
+    queryset = Alert.objects.all()
+
+
+@_item_schema("alert", shapes.AlertSerializer)
+class AlertItem(PolicyItem):
+    serializer_class = shapes.AlertSerializer
+    queryset = Alert.objects.all()
+    kind = "alert"
 
 
 # Settings -----------------------------------------------------------------------------------

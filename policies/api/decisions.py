@@ -10,7 +10,6 @@ reservations and their settlements are DRF views.
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 from time import perf_counter
 from typing import Any
@@ -19,25 +18,16 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core import InvalidRequest, ReservationNotFound, ReservationSettled
-from core.limiter import acquire_batch
-from policies.compile import TENANT_LEVEL, policy_cache
-from policies.leases import lease_id, release
+from policies.services import decisions
+from policies.services.answers import decision_body, decision_headers, explain_rows
+from policies.services.errors import not_found
+from policies.services.inputs import parse_settlement
+from policies.services.leases import release
+from policies.services.recording import observe_seconds
 
 from . import schemas
-from .answers import decision_body, decision_headers, explain_rows
 from .auth import CanDecide
-from .errors import conflict, invalid, not_found
 from .gateway import Answer, Call, GatewayView, described
-from .observe import (
-    observe_seconds,
-    record,
-    record_many,
-    record_reservation,
-    reservation_opened,
-    reservation_settled,
-)
-from .requests import parse_batch, parse_decision, parse_reservation, parse_settlement
 
 
 class Timed(APIView):
@@ -68,17 +58,11 @@ class DecisionView(GatewayView):
     )
 
     def answer(self, call: Call, **kwargs: Any) -> Answer:
-        cache = policy_cache()
-        asked = parse_decision(call.data, cache.current())
-        limiter = cache.limiter_for(asked.keys.get(TENANT_LEVEL))
-        if asked.dry_run:
-            decision, rows = limiter.explain(asked.keys, asked.cost, asked.priority)
-            body = {**decision_body(decision), "lease": None, "dry_run": True, "rules": explain_rows(rows)}
-        else:
-            decision = limiter.acquire(asked.keys, asked.cost, asked.priority)
-            record(asked.keys, decision, asked.cost, asked.priority)
-            body = {**decision_body(decision), "lease": lease_id(asked.keys, decision.lease)}
-        return Answer(body, decision_headers(limiter, asked.keys, decision))
+        decided = decisions.ask(call.data)
+        body = {**decision_body(decided.decision), "lease": decided.ticket}
+        if decided.rows is not None:
+            body.update(dry_run=True, rules=explain_rows(decided.rows))
+        return Answer(body, decision_headers(decided.limiter, decided.keys, decided.decision))
 
 
 class BatchView(GatewayView):
@@ -96,19 +80,8 @@ class BatchView(GatewayView):
     )
 
     def answer(self, call: Call, **kwargs: Any) -> Answer:
-        cache = policy_cache()
-        asked = parse_batch(call.data, cache.current())
-        items = [(cache.limiter_for(r.keys.get(TENANT_LEVEL)), r.keys, r.cost, r.priority) for r in asked]
-        try:
-            decisions = acquire_batch(items)
-        except InvalidRequest as error:  # an item's field, named by core as "<index>.<field>"
-            if not error.field:
-                raise
-            raise invalid(f"requests.{error.field}", str(error).split(": ", 1)[-1]) from None
-        record_many((r.keys, decision, r.cost, r.priority) for r, decision in zip(asked, decisions))
-        return Answer(
-            {"decisions": [{**decision_body(d), "lease": lease_id(r.keys, d.lease)} for r, d in zip(asked, decisions)]}
-        )
+        decided = decisions.ask_batch(call.data)
+        return Answer({"decisions": [{**decision_body(d.decision), "lease": d.ticket} for d in decided]})
 
 
 class LeaseReleaseView(GatewayView):
@@ -159,20 +132,14 @@ class ReservationView(Timed, APIView):
         "then `id` is null and there is nothing to settle.",
     )
     def post(self, request):
-        cache = policy_cache()
-        keys, cost, priority, hold = parse_reservation(request.data, cache.current())
-        limiter = cache.limiter_for(keys.get(TENANT_LEVEL))
-        decision, reservation = limiter.reserve(keys, cost, priority, hold)
-        record_reservation(keys, decision, cost, priority, hold, reservation.id if reservation is not None else None)
-        body = {**decision_body(decision), "id": None, "expires_at": None, "cost": cost}
-        if reservation is not None:
-            # The store's clock may not be the wall clock (in-process: monotonic), so the
-            # expiry is reported as now plus what is left of the hold.
-            left = reservation.expires_at - reservation.taken_at
-            body.update(id=reservation.id, expires_at=_epoch_iso(time.time() + left), hold=left)
-            reservation_opened(reservation.id, left)
-        status = 201 if decision.allowed else 200
-        return Response(body, status=status, headers=decision_headers(limiter, keys, decision))
+        reserved = decisions.ask_reservation(request.data)
+        body = {**decision_body(reserved.decision), "id": None, "expires_at": None, "cost": reserved.cost}
+        if reserved.id is not None and reserved.expires_at is not None:
+            body.update(id=reserved.id, expires_at=_epoch_iso(reserved.expires_at), hold=reserved.hold)
+        status = 201 if reserved.decision.allowed else 200
+        return Response(
+            body, status=status, headers=decision_headers(reserved.limiter, reserved.keys, reserved.decision)
+        )
 
 
 # A settlement names a reservation that may be unknown or expired (404) or settled (409),
@@ -186,19 +153,11 @@ class SettleView(Timed, APIView):
     endpoint = "commit"
 
     def post(self, request, reservation_id):
-        actual_cost = parse_settlement(request.data, required=self.commit)
-        try:
-            settlement = policy_cache().settle(reservation_id, actual_cost)
-        except ReservationNotFound:
-            raise not_found(f"no open reservation {reservation_id!r}: unknown, or expired", "id") from None
-        except ReservationSettled:
-            raise conflict(f"reservation {reservation_id!r} is already settled", "id") from None
-        status = "committed" if self.commit else "cancelled"
-        reservation_settled(reservation_id, status, actual_cost)
+        settlement = decisions.settle(reservation_id, request.data, self.commit)
         return Response(
             {
                 "id": reservation_id,
-                "status": status,
+                "status": settlement.status,
                 "refunded": settlement.refunded,
                 "charged": settlement.charged,
                 "released": settlement.released,

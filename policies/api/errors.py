@@ -1,13 +1,16 @@
 """One error shape for the whole API: `{"error": {"code", "message", "fields"}}`.
 
-DRF's exceptions, the engine's errors and the database's are all turned into it here, so no
-view formats an error of its own. `fields` maps dotted paths (`requests.3.cost`) to what is
-wrong there; `message` repeats the first of them, so a log line alone says enough.
+The REST transport's one mapping of errors to answers: the service layer's
+(policies.services.errors), DRF's exceptions, the engine's errors and the database's are all
+turned into a status and that shape here, so no view formats an error of its own. `fields`
+maps dotted paths (`requests.3.cost`) to what is wrong there; `message` repeats the first of
+them, so a log line alone says enough.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from django.conf import settings
@@ -21,32 +24,28 @@ from rest_framework.response import Response
 from core import ConfigError, InvalidRequest, StoreUnavailable
 from core.errors import LimiterError
 from policies.compile import PolicyUnavailable
+from policies.services.errors import (
+    Busy,
+    Conflict,
+    Forbidden,
+    Invalid,
+    NotFound,
+    ServiceError,
+    Unauthenticated,
+    error_body,
+)
+
+# The status of each kind of the service layer's errors.
+SERVICE_STATUS: dict[type[ServiceError], int] = {
+    Invalid: 400,
+    Unauthenticated: 401,
+    Forbidden: 403,
+    NotFound: 404,
+    Conflict: 409,
+    Busy: 503,
+}
 
 log = logging.getLogger(__name__)
-
-
-class APIError(exceptions.APIException):
-    """An error a view raises on purpose, with its code, status and fields."""
-
-    def __init__(self, status_code: int, code: str, message: str, fields: dict | None = None) -> None:
-        super().__init__(message, code)
-        self.status_code, self.code, self.message, self.fields = status_code, code, message, fields or {}
-
-
-def invalid(field: str, message: str) -> APIError:
-    return APIError(400, "invalid", f"{field}: {message}" if field else message, {field: message} if field else {})
-
-
-def conflict(message: str, field: str = "") -> APIError:
-    return APIError(409, "conflict", message, {field: message} if field else {})
-
-
-def not_found(message: str, field: str = "") -> APIError:
-    return APIError(404, "not_found", message, {field: message} if field else {})
-
-
-def error_body(code: str, message: str, fields: dict | None = None) -> dict:
-    return {"error": {"code": code, "message": message, "fields": fields or {}}}
 
 
 def flatten(detail: Any, path: str = "") -> dict[str, str]:
@@ -101,8 +100,10 @@ def error_answer(exc: Exception) -> tuple[int, dict, dict] | None:
     """The status, body and header fields that answer `exc`, for DRF's views and the gateway
     path alike; None for an exception that is a bug."""
     headers: dict[str, str] = {}
-    if isinstance(exc, APIError):
-        return exc.status_code, error_body(exc.code, exc.message, exc.fields), headers
+    if isinstance(exc, ServiceError):
+        if isinstance(exc, Busy):
+            headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+        return SERVICE_STATUS.get(type(exc), 400), error_body(exc.code, exc.message, exc.fields), headers
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):

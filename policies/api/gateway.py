@@ -28,10 +28,12 @@ from rest_framework import exceptions
 from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
-from .auth import BEARER_CHALLENGE, DECIDING_SCOPES, CanDecide, TokenUser, bearer_identity, scope_of
+from policies.services.auth import BEARER_CHALLENGE, DECIDING_SCOPES, bearer_identity
+from policies.services.recording import observe_seconds
+
+from .auth import CanDecide, TokenUser, scope_of
 from .errors import error_answer
-from .observe import observe_seconds
-from .requests import read_json
+from .parsers import read_json
 
 JSON = "application/json"
 # Media ranges under which a JSON answer is acceptable (parameters aside).

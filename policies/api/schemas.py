@@ -1,7 +1,7 @@
 """The API's shapes as DRF serializers, for the OpenAPI schema (drf-spectacular).
 
-The decision endpoints read their bodies with `requests.py` (fast, strict); these classes
-describe the same fields for the schema, and tests check the two agree.
+The decision endpoints read their bodies with `policies.services.inputs` (fast, strict); these
+classes describe the same fields for the schema, and tests check the two agree.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema_field
 from rest_framework import serializers
 
 from core.params import LARGEST_NUMBER
+from policies.policy import TENANT_LEVEL
+from policies.services.inputs import MAX_BATCH, MAX_HOLD, MAX_KEY_LENGTH
 
-from .requests import MAX_BATCH, MAX_HOLD, MAX_KEY_LENGTH
 from .schema_hooks import keyed_by_level, names_of
 
 
@@ -93,6 +94,10 @@ class DecisionFields(serializers.Serializer):
     degraded = serializers.BooleanField(help_text="Decided by a fail mode: the store was unreachable.")
     shadow_blocked = serializers.ListField(
         child=serializers.CharField(), help_text="Shadow rules that would have denied."
+    )
+    over_quota = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="Soft quotas this request went past (it was let go); also in X-Limiter-Over-Quota.",
     )
 
 
@@ -246,3 +251,58 @@ class TenantUsage(serializers.Serializer):
         child=serializers.IntegerField(), help_text='"level: rule" -> would-be denials of a shadow rule.'
     )
     top_users = TopUser(many=True)
+
+
+class TenantQuota(serializers.Serializer):
+    level = serializers.CharField()
+    rule = serializers.CharField(help_text="The quota as blocked_by names it, without its level.")
+    # A quota's label; DRF's metaclass takes declared fields out of the class, so this does not
+    # hide Field.label at run time (as ErrorDetail's `fields`); mypy sees the class body only.
+    label = serializers.CharField(allow_null=True)  # type: ignore[assignment]
+    mode = serializers.ChoiceField(choices=["hard", "soft"])
+    period = serializers.ChoiceField(choices=["hour", "day", "week", "month", "none"])
+    timezone = serializers.CharField(help_text="The IANA time zone its periods follow.")
+    limit = serializers.FloatField()
+    used = serializers.FloatField(help_text="Taken in the current period; past the limit after an overspend.")
+    remaining = serializers.FloatField(help_text="limit - used: negative after an overspend.")
+    period_start = serializers.DateTimeField(allow_null=True, help_text="In the quota's time zone; null: credits.")
+    resets_at = serializers.DateTimeField(allow_null=True, help_text="The next period's start; null: credits.")
+    projected_exhaustion = serializers.DateTimeField(
+        allow_null=True, help_text="When it runs out at the current period's pace so far; null: not this period."
+    )
+
+
+class TenantQuotas(serializers.Serializer):
+    tenant = serializers.CharField()
+    quotas = TenantQuota(many=True)
+
+
+@extend_schema_field({"type": "string", "enum": [TENANT_LEVEL]})
+class CreditsLevel(serializers.CharField):
+    """A tenant's credits are at the tenant's level."""
+
+
+@extend_schema_field(
+    {"oneOf": [{"type": "string", "minLength": 1, "maxLength": 64}, {"type": "integer", "minimum": 0}]}
+)
+class RuleRef(serializers.JSONField):
+    """A rule named by its label, or by its index among the level's rules."""
+
+
+@extend_schema_field({"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": LARGEST_NUMBER})
+class Credits(serializers.FloatField):
+    """More than 0."""
+
+
+class CreditsRequest(serializers.Serializer):
+    level = CreditsLevel(help_text="The level of the credits: the tenant's (team).")
+    rule = RuleRef(help_text="The quota's label, or its index among the level's rules.")
+    add = Credits(help_text="Credits to add: more than 0.")
+
+
+class CreditsAnswer(serializers.Serializer):
+    tenant = serializers.CharField()
+    level = serializers.CharField()
+    rule = serializers.CharField()
+    added = serializers.FloatField()
+    balance = serializers.FloatField(allow_null=True, help_text="What is left after the top-up.")

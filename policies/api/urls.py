@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from . import authz, crud, decisions, inspection, rls, whatif
+from . import alerts, authz, crud, decisions, inspection, quotas, rls, whatif
 
 urlpatterns = [
     path("decisions", decisions.DecisionView.as_view(), name="api-decisions"),
@@ -25,10 +25,16 @@ urlpatterns = [
     path("tenants", crud.TenantList.as_view(), name="api-tenants"),
     # Before the tenant's own route, whose <path:key> would take "acme/usage" whole.
     path("tenants/<path:key>/usage", inspection.TenantUsageView.as_view(), name="api-tenant-usage"),
+    path("tenants/<path:key>/quotas", quotas.TenantQuotasView.as_view(), name="api-tenant-quotas"),
+    path("tenants/<path:key>/credits", quotas.TenantCreditsView.as_view(), name="api-tenant-credits"),
     path("tenants/<path:key>", crud.TenantItem.as_view(), name="api-tenant"),
     path("levels", crud.LevelList.as_view(), name="api-levels"),
     path("levels/<str:name>", crud.LevelItem.as_view(), name="api-level"),
     path("priorities", crud.PriorityList.as_view(), name="api-priorities"),
     path("priorities/<str:name>", crud.PriorityItem.as_view(), name="api-priority"),
     path("settings", crud.SettingsView.as_view(), name="api-settings"),
+    path("alerts", crud.AlertList.as_view(), name="api-alerts"),
+    path("alerts/<str:name>", crud.AlertItem.as_view(), name="api-alert"),
+    path("alerts/<str:name>/deliveries", alerts.AlertDeliveriesView.as_view(), name="api-alert-deliveries"),
+    path("alerts/<str:name>/test", alerts.AlertTestView.as_view(), name="api-alert-test"),
 ]

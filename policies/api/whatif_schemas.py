@@ -1,6 +1,6 @@
 """The what-if's shapes as DRF serializers, for the OpenAPI schema (drf-spectacular).
 
-A draft is read by policies.whatif with the policy file's own checks; these classes only
+A draft is read by policies.services.whatif with the policy file's own checks; these classes only
 describe its shape, keyed by the names configured now (schema_hooks.keyed_by), and the answer.
 """
 
@@ -14,11 +14,13 @@ from rest_framework import serializers
 
 from core.config import FAIL_MODES
 from policies.models import Level
+from policies.services.usage import WINDOW_PATTERN
+from policies.services.whatif import MAX_TOP_TENANTS
 
-from ..whatif import MAX_TOP_TENANTS
-from .inspection import WINDOW_PATTERN
-from .policy_serializers import FallbackFraction, LevelName, RuleMapExtension, RuleMapField, Watermark, name_field
 from .schema_hooks import keyed_by, names_of
+from .serializers.fields import FallbackFraction, Watermark, name_field
+from .serializers.levels import LevelName
+from .serializers.rules import RuleMapExtension, RuleMapField
 
 # A level's, tier's or priority class's name (policies.invariants.NAME_VALIDATOR), as a schema pattern.
 NAME_PATTERN = "^[A-Za-z0-9_.:-]+$"

@@ -16,9 +16,9 @@ from rest_framework.test import APIClient
 from core import ManualClock, MemoryStore
 from core.stats import DenialStats
 from core.stores.redis import RedisStore
-from policies.api.observe import install_denial_stats
 from policies.compile import PolicyCache, install_policy_cache
 from policies.policyfile import load_policy
+from policies.telemetry import install_denial_stats
 from tests.policies.conftest import POLICY, START
 
 

@@ -7,8 +7,8 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import Client, override_settings
 
-from policies.api.authz import authz_keys_problems
-from policies.leases import read_lease_id
+from policies.services.forward_auth import authz_keys_problems
+from policies.services.leases import read_ticket
 
 from .conftest import make_token
 
@@ -95,6 +95,43 @@ def test_a_bad_cost_is_a_400_naming_the_header(api, token, cost):
     assert response.status_code == 400 and list(error(response)["fields"]) == ["X-Limiter-Cost"]
 
 
+@pytest.mark.parametrize("cost", ["1e-9", "0.5", "0.999"])
+def test_a_cost_below_the_floor_is_a_400_naming_the_header(api, token, cost):
+    response = ask(token, HTTP_X_LIMITER_COST=cost, **HEADERS)
+    assert response.status_code == 400
+    assert error(response)["fields"] == {"X-Limiter-Cost": f"must be at least 1 (LIMITER_AUTHZ_MIN_COST), got '{cost}'"}
+    # Nothing was taken: the user's bucket is whole.
+    assert ask(token, **HEADERS)["RateLimit"] == '"user:token_bucket";r=9'
+
+
+@override_settings(LIMITER_AUTHZ_MIN_COST=0)
+def test_with_no_floor_any_cost_above_0_is_taken(api, token):
+    answers = [ask(token, HTTP_X_LIMITER_COST="0.5", **HEADERS) for _ in range(2)]
+    # 9.5 left, then 9: the header gives whole requests.
+    assert [(a.status_code, a["RateLimit"]) for a in answers] == [(200, '"user:token_bucket";r=9')] * 2
+    assert ask(token, HTTP_X_LIMITER_COST="0", **HEADERS).status_code == 400
+
+
+@override_settings(LIMITER_AUTHZ_MIN_COST=3)
+def test_a_floor_above_the_default_cost_makes_the_cost_header_required(api, token):
+    response = ask(token, **HEADERS)
+    assert response.status_code == 400
+    assert error(response)["fields"] == {
+        "X-Limiter-Cost": "this header is required: the default cost, 1, is below LIMITER_AUTHZ_MIN_COST (3)"
+    }
+    assert ask(token, HTTP_X_LIMITER_COST="2", **HEADERS).status_code == 400
+    response = ask(token, HTTP_X_LIMITER_COST="3", **HEADERS)
+    assert response.status_code == 200 and response["RateLimit"] == '"user:token_bucket";r=7'
+
+
+def test_the_schema_gives_the_floor_as_the_costs_minimum(api, token):
+    schema = Client().get("/api/schema/?format=json", HTTP_AUTHORIZATION=f"Bearer {token}").json()
+    parameters = schema["paths"]["/api/v1/authz"]["get"]["parameters"]
+    (cost,) = [parameter for parameter in parameters if parameter["name"] == "X-Limiter-Cost"]
+    assert cost["schema"] == {"type": "number", "minimum": 1, "maximum": 1e15}
+    assert not cost.get("required")
+
+
 @pytest.mark.parametrize("priority", ["vip", ""])
 def test_an_unknown_priority_is_a_400_naming_the_header(api, token, priority):
     response = ask(token, HTTP_X_LIMITER_PRIORITY=priority, **HEADERS)
@@ -169,7 +206,7 @@ def test_a_decision_that_took_a_slot_answers_its_lease_which_releases(engine, lo
     )
     headers = {"HTTP_X_LIMITER_USER": "u1", "HTTP_X_LIMITER_TEAM": "lab"}
     lease = ask(token, **headers)["X-Limiter-Lease"]
-    assert read_lease_id(lease) == ({"user": "u1", "team": "lab"}, lease.split(".")[0])
+    assert read_ticket(lease) == ({"user": "u1", "team": "lab"}, lease.split(".")[0])
     denied = ask(token, **headers)
     assert denied.status_code == 429 and "X-Limiter-Lease" not in denied
     released = Client().post(

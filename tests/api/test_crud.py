@@ -7,6 +7,7 @@ import pytest
 from django.db import DatabaseError
 from django.utils import timezone
 
+from policies.api.serializers import LevelSerializer, TierSerializer
 from policies.compile import CHECK_EVERY
 from policies.models import Level, PolicySettings, PriorityClass, Rule, Tenant, Tier
 from policies.signals import current_version
@@ -161,16 +162,14 @@ def test_a_stale_version_is_a_409_and_changes_nothing(client):
 
 
 def test_a_write_that_loses_the_race_after_the_check_is_a_409_not_a_500(client, monkeypatch):
-    from policies.api import policy_serializers
-
-    real = policy_serializers.TierSerializer.validate
+    real = TierSerializer.validate
 
     def someone_saves_right_after_the_check(serializer, attrs):
         checked = real(serializer, attrs)
         Tier.objects.filter(name="pro").update(version=7)  # another save lands here
         return checked
 
-    monkeypatch.setattr(policy_serializers.TierSerializer, "validate", someone_saves_right_after_the_check)
+    monkeypatch.setattr(TierSerializer, "validate", someone_saves_right_after_the_check)
     rules = {"user": [{"type": "token_bucket", "capacity": 1, "per_second": 1}]}
     error = error_of(client.put("/api/v1/tiers/pro", {"name": "pro", "rules": rules, "version": 1}, format="json"), 409)
     assert "changed since" in error["message"]
@@ -555,16 +554,14 @@ def test_a_level_with_a_stale_version_is_a_409_and_changes_nothing(client):
 
 
 def test_a_level_write_that_loses_the_race_after_the_check_is_a_409_not_a_500(client, monkeypatch):
-    from policies.api import policy_serializers
-
-    real = policy_serializers.LevelSerializer.validate
+    real = LevelSerializer.validate
 
     def someone_saves_right_after_the_check(serializer, attrs):
         checked = real(serializer, attrs)
         Level.objects.filter(name="global").update(version=7)  # another save lands here
         return checked
 
-    monkeypatch.setattr(policy_serializers.LevelSerializer, "validate", someone_saves_right_after_the_check)
+    monkeypatch.setattr(LevelSerializer, "validate", someone_saves_right_after_the_check)
     error = error_of(client.patch("/api/v1/levels/global", {"fail_mode": "closed", "version": 1}, format="json"), 409)
     assert "changed since" in error["message"]
     assert Level.objects.get(name="global").fail_mode == "local"

@@ -45,6 +45,7 @@ def test_an_allowed_decision_says_so_with_rate_limit_headers(api, decide_client)
         "remaining": 45.0,
         "degraded": False,
         "shadow_blocked": [],
+        "over_quota": [],
         "lease": None,
     }
     assert response["RateLimit-Policy"].startswith('"user:sliding_window";q=600;w=60, ')

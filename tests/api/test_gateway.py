@@ -162,7 +162,7 @@ def test_an_unreachable_database_is_a_503_with_retry_after(api, tokens, monkeypa
     def down(*args):
         raise DatabaseError("no such table")
 
-    monkeypatch.setattr(auth, "find_token", down)
+    monkeypatch.setattr("policies.services.auth.find_token", down)
     for path, body in ((URL, {"keys": ACME}), (BATCH, {"requests": [{"keys": ACME}]})):
         response = send(path, body, tokens)
         assert response.status_code == 503 and response["Retry-After"] == "1"
@@ -173,7 +173,7 @@ def test_a_worker_without_a_policy_is_a_503(api, tokens, monkeypatch):
     def no_policy():
         raise PolicyUnavailable("the database was down when this worker started")
 
-    monkeypatch.setattr(decisions, "policy_cache", no_policy)
+    monkeypatch.setattr("policies.services.decisions.policy_cache", no_policy)
     response = send(URL, {"keys": ACME}, tokens)
     assert response.status_code == 503 and error(response)["code"] == "database_unavailable"
 

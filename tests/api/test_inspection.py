@@ -124,7 +124,8 @@ def test_the_schema_is_valid_openapi_and_lists_every_endpoint(api, client):
 
 
 def test_the_request_parser_and_the_schema_agree_on_the_decision_fields():
-    from policies.api import requests, schemas
+    from policies.api import schemas
+    from policies.services import inputs
 
-    assert set(schemas.DecisionRequest().fields) == set(requests.DECISION_FIELDS)
-    assert set(schemas.ReservationRequest().fields) == set(requests.RESERVATION_FIELDS)
+    assert set(schemas.DecisionRequest().fields) == set(inputs.DECISION_FIELDS)
+    assert set(schemas.ReservationRequest().fields) == set(inputs.RESERVATION_FIELDS)

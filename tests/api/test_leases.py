@@ -5,8 +5,8 @@ import pytest
 
 from core.client import LimiterClient, RateLimited
 from core.recorder import RELEASE, DecisionRecorder
-from policies.api.observe import install_decision_recorder, reset_decision_recorder
-from policies.leases import lease_id
+from policies.services.leases import ticket
+from policies.telemetry import install_decision_recorder, reset_decision_recorder
 
 from .conftest import make_token
 
@@ -105,7 +105,7 @@ def test_an_id_it_never_gave_is_a_404(lab, decide_client, lease):
 def test_a_forged_id_for_someone_elses_slot_is_a_404(lab, decide_client, admin_api_client):
     real = decide(decide_client)["lease"]
     engine_lease = real.split(".")[0]
-    forged = lease_id({"user": "u1", "team": "lab"}, engine_lease).split(".")
+    forged = ticket({"user": "u1", "team": "lab"}, engine_lease).split(".")
     forged[2] = "B" * len(forged[2])
     assert release(decide_client, ".".join(forged)).status_code == 404
     assert in_flight(admin_api_client) == 1

@@ -5,7 +5,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from core.stats import EXPIRY_GRACE, SWEEP_EVERY, DenialStats
-from policies.api.observe import count_expired, install_denial_stats
+from policies.metrics import count_expired
+from policies.telemetry import install_denial_stats
 
 KEYS = {"user": "u1", "team": "acme", "global": "*"}
 

@@ -7,7 +7,8 @@ from prometheus_client import REGISTRY
 
 from core import Decision
 from core.stats import DenialStats
-from policies.api.observe import install_denial_stats, record, record_many
+from policies.services.recording import record, record_many
+from policies.telemetry import install_denial_stats
 
 USER = {"user": "u1", "team": "acme"}
 SHADOW = "user: sliding_window(3, 60)"

@@ -1,4 +1,4 @@
-"""Envoy's rate limit requests mapped onto our levels (policies/api/rls.py): one decision per
+"""Envoy's rate limit requests mapped onto our levels (policies/services/rls.py): one decision per
 request, the answer's statuses and header fields, and the refusals."""
 
 import math
@@ -11,10 +11,11 @@ from prometheus_client import REGISTRY
 from core import StoreUnavailable
 from core.recorder import DecisionRecorder
 from core.stores.redis import RedisStore
-from policies.api.errors import APIError
-from policies.api.observe import install_decision_recorder, reset_decision_recorder
-from policies.api.rls import LEASE_HEADER, current_limit, should_rate_limit
 from policies.compile import PolicyCache, install_policy_cache
+from policies.services.errors import Invalid
+from policies.services.leases import TICKET_HEADER
+from policies.services.rls import current_limit, should_rate_limit
+from policies.telemetry import install_decision_recorder, reset_decision_recorder
 
 Response = rls_pb2.RateLimitResponse
 Unit = Response.RateLimit
@@ -138,7 +139,7 @@ def test_a_slot_taken_hands_its_lease_to_the_upstream(memory_engine, load, polic
     policy_doc["tiers"]["free"]["team"] = [{"type": "concurrency", "limit": 1, "lease": 30}]
     load(policy_doc)
     first = decide(descriptor(("team", "t1")))
-    [lease] = [h.value for h in first.request_headers_to_add if h.key == LEASE_HEADER]
+    [lease] = [h.value for h in first.request_headers_to_add if h.key == TICKET_HEADER]
     assert lease
     second = decide(descriptor(("team", "t1")))
     assert second.overall_code == Response.OVER_LIMIT and not second.request_headers_to_add
@@ -206,9 +207,8 @@ def test_a_check_only_descriptor_with_the_store_down_cannot_be_answered(db, load
     ],
 )
 def test_a_request_that_is_not_one_decision_is_refused_naming_what_is_wrong(api, request_, field, words):
-    with pytest.raises(APIError) as refused:
+    with pytest.raises(Invalid) as refused:
         should_rate_limit(request_)
-    assert refused.value.status_code == 400
     assert field in refused.value.fields and words in refused.value.message
 
 

@@ -8,9 +8,10 @@ import pytest
 from drf_spectacular.validation import validate_schema
 from rest_framework.test import APIClient
 
-from policies.api.errors import APIError
-from policies.api.inspection import MAX_WINDOW, WINDOW_PATTERN, parse_window
+from policies.durations import MAX_WINDOW, WINDOW_PATTERN
 from policies.models import Level, PriorityClass, Tier
+from policies.services.errors import Invalid
+from policies.services.usage import parse_window
 
 from .conftest import make_token, token_client
 
@@ -176,7 +177,22 @@ def test_the_window_pattern_is_exactly_what_the_server_takes(admin_schema):
                 try:
                     assert parse_window(text) == number * seconds
                     taken.add(text)
-                except APIError:
+                except Invalid:
                     pass
                 assert matches == (text in taken), text
                 assert matches == (text == f"{number}{unit}" and 0 < number * seconds <= MAX_WINDOW), text
+
+
+def test_a_quota_is_documented_from_its_declared_parameters(admin_schema):
+    quota = component(admin_schema, "QuotaRule")
+    assert quota["required"] == ["type", "limit", "period"]
+
+    def choices(field):  # drf-spectacular names each enum as a component of its own
+        name = quota["properties"][field]["allOf"][0]["$ref"].rsplit("/", 1)[1]
+        return component(admin_schema, name)["enum"]
+
+    assert choices("period") == ["hour", "day", "week", "month", "none"]
+    assert choices("mode") == ["hard", "soft"] and quota["properties"]["mode"]["default"] == "hard"
+    assert quota["properties"]["timezone"]["default"] == "UTC"
+    demote_to = quota["properties"]["demote_to"]
+    assert (demote_to["type"], demote_to["nullable"], demote_to["default"]) == ("string", True, None)

@@ -1,10 +1,12 @@
 """POST /api/v1/whatif: the traffic the gateways' endpoints recorded (single decisions,
 batches, reservations and their settlements), replayed under a draft; its refusals."""
 
+import threading
+
 import pytest
 
-from core.recorder import DECISION, RESERVATION, SETTLEMENT, DecisionRecorder
-from policies.api.observe import install_decision_recorder, reset_decision_recorder
+from core.recorder import DECISION, RESERVATION, SETTLEMENT, DecisionRecorder, Record
+from policies.telemetry import install_decision_recorder, reset_decision_recorder
 
 ACME = {"user": "u1", "team": "acme", "global": "*"}
 TEAM_BUCKET = "team: token_bucket({capacity}, 100/s)"
@@ -112,7 +114,7 @@ def test_recording_off_answers_zeros_and_says_so(api, admin_api_client, decide_c
 
 
 def test_recording_is_off_when_the_limit_is_zero(settings):
-    from policies.api.observe import decision_recorder
+    from policies.telemetry import decision_recorder
 
     settings.LIMITER_RECORD_LIMIT = 0
     reset_decision_recorder()
@@ -120,3 +122,74 @@ def test_recording_is_off_when_the_limit_is_zero(settings):
         assert decision_recorder() is None
     finally:
         reset_decision_recorder()
+
+
+# --- bounds: a what-if cannot hold what the gateways need (issue 26) --------------------------
+
+
+def test_a_draft_past_the_caps_is_refused_naming_the_cap(recorder, admin_api_client, settings):
+    settings.LIMITER_WHATIF_MAX_TENANTS = 2
+    settings.LIMITER_WHATIF_MAX_RULES = 3
+    tenants = {"policy": {"tenants": {f"t{i}": {"tier": "pro"} for i in range(3)}}}
+    response = admin_api_client.post("/api/v1/whatif", tenants, format="json")
+    assert response.status_code == 400
+    assert (
+        "at most 2 tenants (LIMITER_WHATIF_MAX_TENANTS), got 3" in response.json()["error"]["fields"]["policy.tenants"]
+    )
+    rule = {"type": "token_bucket", "capacity": 5, "per_second": 1}
+    rules = {"policy": {"tiers": {"pro": {"team": [rule] * 2}}, "global": [rule, rule]}}
+    response = admin_api_client.post("/api/v1/whatif", rules, format="json")
+    assert response.status_code == 400
+    assert "at most 3 rules (LIMITER_WHATIF_MAX_RULES), got 4" in response.json()["error"]["fields"]["policy"]
+
+
+def test_a_full_queue_is_a_503_with_retry_after_and_replays_nothing(recorder, admin_api_client):
+    from policies.services.whatif import REPLAYS
+
+    release = threading.Event()
+    held = [REPLAYS.submit(release.wait, 30) for _ in range(REPLAYS.workers + REPLAYS.waiting)]
+    try:
+        response = admin_api_client.post("/api/v1/whatif", {"policy": draft_team_bucket(5)}, format="json")
+    finally:
+        release.set()
+        for job in held:
+            job.result(30)
+    assert response.status_code == 503 and int(response["Retry-After"]) >= 1
+    assert response.json()["error"]["code"] == "busy"
+
+
+def test_while_every_replay_slot_is_taken_a_replay_waits_then_says_busy(recorder, admin_api_client, settings):
+    from policies.services.whatif import replay_slot
+
+    settings.LIMITER_WHATIF_SECONDS = 1  # how long a replay waits for a slot, too
+    taken, release = threading.Event(), threading.Event()
+
+    def hold():
+        with replay_slot(wait=5):
+            taken.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert taken.wait(10)
+        response = admin_api_client.post("/api/v1/whatif", {"policy": draft_team_bucket(5)}, format="json")
+    finally:
+        release.set()
+        holder.join(30)
+    assert response.status_code == 503 and response.json()["error"]["code"] == "busy"
+    assert "LIMITER_WHATIF_CONCURRENCY" in response.json()["error"]["message"]
+    # The slot is back: the next replay runs.
+    assert admin_api_client.post("/api/v1/whatif", {"policy": {}}, format="json").status_code == 200
+
+
+def test_a_replay_past_its_time_is_stopped_and_names_the_window(recorder, admin_api_client, settings, clock):
+    settings.LIMITER_WHATIF_SECONDS = 1
+    # 400,000 decisions in the window: seconds of replay under each policy, far past 1 s.
+    now = clock()
+    recorder.log.write(
+        [Record(now - 1800 + i * 0.004, DECISION, {"user": f"u{i % 900}", "team": "acme"}) for i in range(400_000)]
+    )
+    response = admin_api_client.post("/api/v1/whatif", {"policy": draft_team_bucket(5)}, format="json")
+    assert response.status_code == 400
+    assert "longer than the 1 s a replay may take" in response.json()["error"]["fields"]["window"]

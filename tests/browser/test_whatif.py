@@ -10,8 +10,8 @@ import pytest
 from playwright.sync_api import expect
 
 from core.recorder import DecisionRecorder
-from policies.api.observe import install_decision_recorder, reset_decision_recorder
 from policies.compile import read_policy
+from policies.telemetry import install_decision_recorder, reset_decision_recorder
 
 from .conftest import SCREENSHOTS
 from .test_console import decide, log_in, operator, token  # noqa: F401  (fixtures)

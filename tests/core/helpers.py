@@ -75,3 +75,7 @@ class LifetimeQuota(Rule):
 def register_lifetime_quota(name):
     """Register a LifetimeQuota of its own under `name`; the caller unregisters it."""
     return register(name)(type(f"LifetimeQuota_{name}", (LifetimeQuota,), {}))
+
+
+def quota(limit, period, **extra):
+    return {"type": "quota", "limit": limit, "period": period, **extra}

@@ -248,7 +248,7 @@ def test_a_denial_at_another_level_gives_the_slice_back(leasing):
     decisions = [limiter.acquire({"team": "acme", "global": "*"}) for _ in range(5)]
     assert [d.allowed for d in decisions] == [True, True, False, False, False]
     assert all(d.blocked_by.startswith("team") for d in decisions[2:])
-    budget = next(iter(store.leases.budgets.values()))
+    budget = next(iter(store.shared_budgets.shares.values()))
     assert budget.allowance == 8  # a slice of 10, two taken, three denials gave theirs back
 
 
@@ -272,7 +272,7 @@ def test_a_leased_reservation_settles_into_the_slice(leasing):
     limiter = limiter_on(store, {"team": [token_bucket(100, 0)], "global": [token_bucket(100, 0)]})
     decision, reservation = limiter.reserve({"team": "acme", "global": "*"}, cost=8)
     assert decision.allowed
-    budget = next(iter(store.leases.budgets.values()))
+    budget = next(iter(store.shared_budgets.shares.values()))
     assert budget.allowance == 2
     settlement = limiter.settle(reservation.id, actual_cost=3)
     assert settlement.refunded == 5 and budget.allowance == 7
@@ -288,7 +288,7 @@ def test_a_dead_pool_applies_the_fail_mode_and_gives_nothing_away(leasing, redis
         {"global": [token_bucket(100, 0)]}, store=store, clock=ManualClock(), fail_modes={"global": "closed"}
     )
     assert limiter.acquire({"global": "*"}).allowed
-    budget = next(iter(store.leases.budgets.values()))
+    budget = next(iter(store.shared_budgets.shares.values()))
     store.store_of(budget.key).breaker.open_until = float("inf")  # as if the pool's node had failed three times
     budget.allowance = 0.0
     denied = limiter.acquire({"global": "*"})

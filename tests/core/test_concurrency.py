@@ -1,6 +1,12 @@
 """The concurrency rule: at most `limit` requests in flight per key, each holding a slot
 until it is released or its lease runs out."""
 
+import os
+
+import pytest
+
+from core import HierarchicalLimiter, ManualClock, MemoryStore
+
 from .helpers import TICK, concurrency, move_to, state_of, token_bucket
 
 KEYS = {"user": "u"}
@@ -125,3 +131,21 @@ def test_a_request_without_concurrency_rules_gets_no_lease(build):
     decision = limiter.acquire(KEYS)
     assert decision.allowed and decision.lease is None
     assert limiter.release(KEYS, "anything") == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_worker_hands_out_lease_ids_of_its_own():
+    limiter = HierarchicalLimiter.from_config({"user": [concurrency(10)]}, store=MemoryStore(), clock=ManualClock())
+    limiter.acquire({"user": "before the fork"})
+    reading, writing = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover (runs in the child)
+        os.write(writing, limiter.acquire({"user": "child"}).lease.encode())
+        os._exit(0)
+    os.close(writing)
+    os.waitpid(child, 0)
+    with os.fdopen(reading) as pipe:
+        in_child = pipe.read()
+    in_parent = limiter.acquire({"user": "parent"}).lease
+    assert in_child and in_parent
+    assert in_child.split("-")[0] != in_parent.split("-")[0]  # a prefix of its own, not only a number

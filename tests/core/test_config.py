@@ -188,3 +188,33 @@ def test_a_plug_in_missing_a_required_method_says_which(plugin_name):
 def test_a_param_of_an_unknown_kind_is_refused():
     with pytest.raises(ValueError, match="kind"):
         Param("size", kind="colour")
+
+
+# --- choices and optional texts ---------------------------------------------------------------
+
+
+def test_a_choice_takes_one_of_its_choices_and_names_them_when_refused():
+    period = Param("period", kind="choice", choices=("day", "month"), help="When it resets.")
+    assert period.clean("day", "team[0]") == "day"
+    with pytest.raises(ConfigError, match="must be one of day, month, not 'year'") as refused:
+        period.clean("year", "team[0]")
+    assert refused.value.path == "team[0].period"
+    assert period.schema() == {"type": "string", "description": "When it resets.", "enum": ["day", "month"]}
+
+
+def test_a_choice_is_declared_with_its_choices_and_a_default_among_them():
+    with pytest.raises(ValueError, match="has choices"):
+        Param("period", kind="choice")
+    with pytest.raises(ValueError, match="has choices"):
+        Param("name", kind="string", choices=("a",))
+    with pytest.raises(ValueError, match="default must be one of"):
+        Param("period", kind="choice", choices=("day",), default="week")
+
+
+def test_an_optional_parameter_with_no_default_value_takes_null_as_left_out():
+    class_name = Param("demote_to", kind="string", default=None, help="A class.")
+    assert not class_name.required
+    assert class_name.clean(None, "") is None and class_name.clean("batch", "") == "batch"
+    with pytest.raises(ConfigError, match="non-empty string"):
+        class_name.clean("", "")
+    assert class_name.schema() == {"type": ["string", "null"], "description": "A class.", "default": None}

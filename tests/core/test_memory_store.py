@@ -1,10 +1,13 @@
 """The in-process store: one entry per rule and key, idle entries swept, chosen by URL."""
 
+import traceback
+
 import pytest
 
-from core import ConfigError, HierarchicalLimiter, ManualClock, MemoryStore, store_from_url
+from core import ConfigError, Decision, HierarchicalLimiter, ManualClock, MemoryStore, store_from_url
+from core.decision import allowed
 from core.stores import Store
-from core.stores.memory import SWEEP_MIN_DECISIONS
+from core.stores.memory import SWEEP_MIN_DECISIONS, compile_lean
 
 from .helpers import concurrency, sliding_window, token_bucket
 
@@ -165,3 +168,40 @@ def test_ongoing_traffic_on_other_keys_sweeps_the_idle_ones_away():
         allowed += limiter.acquire(hot[n % 4]).allowed
     assert allowed == writes
     assert len(store) <= len(hot)
+
+
+# --- the compiled decision -------------------------------------------------------------------
+
+
+class Broken(Exception):
+    pass
+
+
+def test_an_error_inside_the_compiled_decision_shows_its_generated_line(build):
+    limiter = build({"user": [token_bucket(5, 1)], "team": [token_bucket(9, 1)]})
+    limiter.acquire({"user": "a", "team": "t"})  # the plan is built and compiled
+    plan = next(iter(limiter._plans[None].values()))
+    assert plan.store_plan.lean is not None
+
+    def attempt(*_):
+        raise Broken
+
+    plan.store_plan.slots[1].table.clear()
+    rule = plan.store_plan.slots[1].rule
+    rule.attempt = attempt  # read when the plan is compiled again
+    plan.store_plan.lean = compile_lean(plan.store_plan.slots, plan.store_plan.locks, limiter.store)
+    with pytest.raises(Broken) as raised:
+        plan.store_plan.lean(1.0, 0.0)
+    text = "".join(traceback.format_exception(raised.value))
+    assert '"<core/stores/memory.py lean decide: ' in text
+    assert "s1 = a1(g1(n1), now, cost, f1)" in text
+
+
+def test_the_compiled_decision_builds_the_same_fields_as_the_named_constructors(build):
+    limiter = build({"user": [token_bucket(2, 1)], "team": [token_bucket(9, 1)]})
+    keys = {"user": "a", "team": "t"}
+    first = limiter.acquire(keys)
+    assert dict(zip(Decision._fields, first)) == dict(zip(Decision._fields, allowed(1.0)))
+    limiter.acquire(keys)
+    third = limiter.acquire(keys)
+    assert not third.allowed and third.blocked_by == "user: token_bucket(2, 1/s)" and third.remaining == 0.0

@@ -1,6 +1,8 @@
 """The decision record: what is kept, in process and in a real Redis stream, and what a flush
 does when Redis is gone."""
 
+import time
+
 import pytest
 import redis
 
@@ -137,7 +139,7 @@ def test_a_recorder_flushes_by_itself_from_its_own_thread(clock):
     for _ in range(500):
         if len(recorder.log):
             break
-        recorder._stop.wait(0.01)  # waiting for the thread, not an edge: any pace will do
+        time.sleep(0.01)  # waiting for the thread, not an edge: any pace will do
     assert len(recorder.log) == 1
     recorder.close()
 

@@ -19,6 +19,7 @@ import redis
 from core import HierarchicalLimiter, ManualClock, MemoryStore
 from core.decision import RATE_LIMITED, STORE_UNAVAILABLE, Decision, allowed
 from core.errors import ConfigError, InvalidRequest, StoreUnavailable
+from core.flusher import FLUSHER
 from core.stats import BUFFER_SLACK, KEPT_MINUTES, DenialStats
 from core.stores.redis import RedisStore, connect
 
@@ -407,7 +408,7 @@ def test_the_report_flushes_this_process_buffer_first(new_stats):
 
 def test_maybe_flush_flushes_once_flush_every_has_passed_on_the_clock(redis_url, server, clock):
     stats = redis_stats(redis_url, clock, flush_every=1.0)
-    stats._stop.set()  # the test moves time itself: the thread that record() starts stays idle
+    FLUSHER.forget(stats)  # the test moves time itself: the flushing thread leaves it alone
     stats.record(keys(), denial())
     clock.advance(0.5)
     stats.maybe_flush()
@@ -504,7 +505,7 @@ def test_a_long_outage_keeps_only_the_newest_minutes(disposable_redis, clock):
         stats.record(keys(), denial())
         stats.flush()
         clock.advance(MINUTE)
-    assert len(stats._unsent) == KEPT_MINUTES
+    assert len(stats._kept.minutes) == KEPT_MINUTES
     assert stats.dropped_minutes == 5
     disposable_redis.start()
     assert stats.report(HOUR)["denied"] == KEPT_MINUTES

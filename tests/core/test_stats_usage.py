@@ -309,3 +309,71 @@ def test_workers_that_name_a_new_rule_at_once_agree_on_its_short_id(redis_url, c
     assert worker_b._new_rule_id("team: gcra(5, 1)") == worker_a._rule_ids({"team: gcra(5, 1)"})["team: gcra(5, 1)"]
     worker_b.flush()
     assert worker_b.usage("acme", HOUR)["blocked_by"] == {"team: gcra(5, 1)": 2}
+
+
+# --- told what was flushed ---------------------------------------------------------------------
+
+
+def test_a_flush_tells_on_flush_the_tenants_it_sent_counts_of(new_stats, clock):
+    told = []
+    stats = new_stats(on_flush=told.append)
+    stats.record(keys(user="u1", team="acme"), allow())
+    stats.record(keys(user="u2", team="initech"), denial(USER_RULE))
+    stats.record({"user": "lone"}, allow())  # no team key: no tenant to tell of
+    clock.advance(MINUTE)
+    stats.record(keys(user="u1", team="acme"), allow())  # a second minute of the same batch
+    stats.flush()
+    stats.flush()  # nothing buffered: nothing to tell
+    assert told == [frozenset({"acme", "initech"})]
+
+
+def test_a_failing_on_flush_loses_no_counts(new_stats):
+    def broken(tenants):
+        raise RuntimeError("the listener's own bug")
+
+    stats = new_stats(on_flush=broken)
+    stats.record(keys(user="u1", team="acme"), denial(USER_RULE))
+    stats.flush()
+    assert stats.usage("acme", 300)["series"][-1]["denied"] == 1
+
+
+def test_a_flush_that_the_store_refused_tells_nothing_until_it_is_sent(unreachable_redis_url, clock):
+    told = []
+    stats = redis_stats(unreachable_redis_url, clock, on_flush=told.append)
+    stats.record(keys(user="u1", team="acme"), allow())
+    stats.flush()
+    assert told == []  # kept for the next flush, which tells of it once it is sent
+
+
+# --- many tenants' denials at once (the alerts' denied shares) ---------------------------------
+
+
+def test_denials_are_each_tenants_decisions_and_denials_as_usage_counts_them(new_stats, clock):
+    stats = new_stats()
+    for _ in range(3):
+        stats.record(keys(user="u1", team="acme"), allow())
+    stats.record(keys(user="u1", team="acme"), denial(USER_RULE))
+    stats.record(keys(user="u2", team="initech"), denial(TEAM_RULE))
+    clock.advance(16 * MINUTE)  # into the next quarter hour: the window reads two of its hashes
+    stats.record(keys(user="u1", team="acme"), denial(USER_RULE))
+    found = stats.denials(["acme", "initech", "nobody"], 20 * MINUTE)
+    assert found == {"acme": (5, 2), "initech": (1, 1), "nobody": (0, 0)}
+    for tenant in ("acme", "initech"):
+        series = stats.usage(tenant, 20 * MINUTE)["series"]
+        assert found[tenant] == (sum(p["decisions"] for p in series), sum(p["denied"] for p in series))
+    assert stats.denials(["acme"], 5 * MINUTE) == {"acme": (1, 1)}  # the window's whole minutes only
+
+
+def test_denials_of_more_tenants_than_a_round_trip_reads(new_stats, monkeypatch):
+    monkeypatch.setattr("core.stats.reports.DENIALS_BATCH", 3)
+    stats = new_stats()
+    for i in range(7):
+        for _ in range(i + 1):
+            stats.record(keys(user="u", team=f"t{i}"), denial(USER_RULE) if i % 2 else allow())
+    found = stats.denials([f"t{i}" for i in range(7)], 300)
+    assert found == {f"t{i}": (i + 1, (i + 1) * (i % 2)) for i in range(7)}
+
+
+def test_denials_over_a_window_longer_than_the_minutes_kept_are_refused(new_stats):
+    with pytest.raises(InvalidRequest):
+        new_stats(usage_minutes=HOUR).denials(["acme"], 2 * HOUR)

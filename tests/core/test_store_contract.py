@@ -4,7 +4,9 @@ and a real Redis decide exactly alike.
 
 The engine suite runs on both stores through the `build` fixture (conftest.py); here
 hypothesis looks for a sequence that no hand-written test thought of. Both limiters share
-one manual clock, so the only difference between them is where the state lives.
+one manual clock, so the only difference between them is where the state lives. Quotas
+(hard, soft with a demotion, credits with top-ups) get sequences of their own, which jump to
+the ends of their periods.
 """
 
 import itertools
@@ -17,12 +19,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from core import RULES, HierarchicalLimiter, LimiterError, ManualClock, MemoryStore, acquire_batch
+from core.periods import period_bounds
 from core.stores.redis import RedisStore
 
 from .helpers import (
     concurrency,
     fixed_window,
     gcra,
+    quota,
     register_lifetime_quota,
     sliding_window,
     sliding_window_counter,
@@ -42,6 +46,14 @@ PRIORITIES = {"batch": {"watermark": 0.25, "levels": ["team", "global"]}}
 SETTLING_CONFIG = {**CONFIG, "global": [*CONFIG["global"], sliding_window(7, 5)]}
 WINDOWS = (4.0, 5.0, 10.0)  # the windows above: their boundaries are edges worth landing on
 QUOTA = "contract_lifetime_quota"
+# Quotas of every kind: a soft one that demotes past its limit (to batch's watermarks at the
+# team and global levels), a hard one in a zone half an hour off UTC's hours, and credits.
+QUOTA_CONFIG = {
+    "user": [token_bucket(3, 1, label="USER_BURST"), quota(2, "hour", mode="soft", demote_to="batch")],
+    "team": [quota(4, "hour", timezone="Asia/Kolkata"), fixed_window(3, 5)],
+    "global": [quota(5, "none", label="NO_CREDITS"), token_bucket(12, 0)],
+}
+PERIODS = (("hour", "UTC"), ("hour", "Asia/Kolkata"))  # their ends are edges worth landing on
 
 _prefixes = itertools.count(1)
 
@@ -108,6 +120,17 @@ class Batch:
     requests: tuple  # of Acquire
 
 
+@dataclass(frozen=True)
+class TopUp:
+    amount: float  # to the global level's credits
+
+
+@dataclass(frozen=True)
+class AdvanceToPeriodEnd:
+    period: str
+    zone: str
+
+
 USERS, TEAMS = ("ann", "bob"), ("red", "blue")
 # At least one level: a key set that names none is refused before any store is asked.
 keys_strategy = st.fixed_dictionaries(
@@ -150,6 +173,18 @@ reservation_steps = st.tuples(
 )
 
 
+# Quotas: requests, then perhaps a top-up or a jump to the end of a period, perhaps something else.
+quota_moves = st.one_of(
+    st.none(),
+    st.builds(TopUp, st.sampled_from([0.5, 1, 3])),
+    st.builds(AdvanceToPeriodEnd, *map(st.just, PERIODS[0])),
+    st.builds(AdvanceToPeriodEnd, *map(st.just, PERIODS[1])),
+)
+quota_steps = st.tuples(st.builds(Acquire, keys_strategy, costs, priorities), quota_moves, others)
+quota_reservation_steps = st.tuples(reservation_steps, quota_moves).map(lambda pair: (*pair[0], pair[1]))
+quota_starts = st.sampled_from([0.0, 1_700_000_000.25, 1_700_001_799.5])  # the last: 0.5 s before Kolkata's hour
+
+
 # --- replaying a sequence on both stores ----------------------------------------------------
 
 
@@ -159,6 +194,7 @@ def close(value):
 
 def assert_same_decision(on_memory, on_redis):
     exact = ("allowed", "blocked_by", "reason", "degraded", "shadow_blocked")
+    exact += ("over_quota",)
     assert {f: getattr(on_redis, f) for f in exact} == {f: getattr(on_memory, f) for f in exact}
     assert on_redis.retry_after == close(on_memory.retry_after)
     assert on_redis.remaining == close(on_memory.remaining)
@@ -173,7 +209,13 @@ def assert_same_rows(on_memory, on_redis):
             k: v for k, v in memory_row.items() if k not in numbers
         }
         for field in numbers & set(memory_row):
-            assert redis_row[field] == close(memory_row[field]), field
+            if isinstance(memory_row[field], dict):  # a state: its numbers close, the rest alike
+                assert redis_row[field].keys() == memory_row[field].keys()
+                for name, value in memory_row[field].items():
+                    expected = close(value) if isinstance(value, (int, float)) else value
+                    assert redis_row[field][name] == expected, (field, name)
+            else:
+                assert redis_row[field] == close(memory_row[field]), field
 
 
 def settle_both(memory, on_redis, held, redis_held, actual_cost):
@@ -244,6 +286,11 @@ def replay(steps, clock, memory, on_redis):
             clock.advance(last_wait)
         elif isinstance(op, AdvanceToBoundary):
             clock.now = (math.floor(clock.now / op.window) + 1) * op.window
+        elif isinstance(op, TopUp):
+            balance = memory.top_up("global", "*", "NO_CREDITS", op.amount)
+            assert on_redis.top_up("global", "*", "NO_CREDITS", op.amount) == close(balance)
+        elif isinstance(op, AdvanceToPeriodEnd):
+            clock.now = period_bounds(op.period, op.zone, clock.now)[1]
 
 
 @pytest.fixture(scope="module")
@@ -311,3 +358,20 @@ class TestBothStoresSettleAlike:
         config = {**SETTLING_CONFIG, "team": [{"type": QUOTA, "total": 30}, *CONFIG["team"]]}
         clock = ManualClock(start)
         replay(ops, clock, *both_stores(config, clock, redis_client))
+
+
+class TestBothStoresKeepQuotasAlike:
+    """Quotas: hard, soft (and the demotion it makes), credits and their top-ups, and the ends
+    of their periods, on both stores alike; reservations settled against them too."""
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(start=quota_starts, ops=st.lists(quota_steps, min_size=5, max_size=40))
+    def test_for_any_sequence_of_requests_top_ups_and_period_ends(self, redis_client, start, ops):
+        clock = ManualClock(start)
+        replay(ops, clock, *both_stores(QUOTA_CONFIG, clock, redis_client))
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(start=quota_starts, ops=st.lists(quota_reservation_steps, min_size=5, max_size=30))
+    def test_for_any_sequence_of_reservations_settled_against_quotas(self, redis_client, start, ops):
+        clock = ManualClock(start)
+        replay(ops, clock, *both_stores(QUOTA_CONFIG, clock, redis_client))

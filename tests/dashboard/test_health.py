@@ -5,9 +5,9 @@ from django.contrib.admin.models import LogEntry
 
 from core.stats import DenialStats
 from core.stores.redis import RedisStore
-from policies.api.observe import install_denial_stats
 from policies.compile import PolicyCache, install_policy_cache
 from policies.models import Level, PriorityClass
+from policies.telemetry import install_denial_stats
 from tests.dashboard.conftest import DASHBOARD, decide, page, text
 
 HEALTH = DASHBOARD + "health/"

@@ -9,7 +9,8 @@ import re
 import pytest
 from django.contrib.admin.models import LogEntry
 
-from policies.models import Rule, Tenant, replace_rules
+from policies.history import replace_rules
+from policies.models import Rule, Tenant
 from tests.dashboard.conftest import DASHBOARD, decide, page, text
 
 RAISE = DASHBOARD + "raise-limit/"

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from limiter_admin.dashboard import rule_colour
+from limiter_admin.console.formatting import rule_colour
 from tests.dashboard.conftest import DASHBOARD, chart_data, decide, page, text
 
 USER_RULE = "user: token_bucket(10, 1/s)"

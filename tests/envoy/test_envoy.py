@@ -1,20 +1,53 @@
 """A real Envoy, configured as docs/GATEWAYS.md says, in front of a small upstream, its HTTP
 ratelimit filter asking the real service's gRPC endpoint (gunicorn with RLS_BIND, as
-`make run` serves it; service tokens required)."""
+`make run` serves it; service tokens required) for the team the client's API key names,
+whatever x-limiter-* header fields the client sends."""
 
 import copy
 import json
+import uuid
 
 import grpc
 import pytest
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
-from tests.envoy.gateway import Envoy, Upstream
+from tests.envoy.gateway import Caller, Envoy, Upstream
+from tests.gateways.running import team_remaining
 from tests.policies.conftest import POLICY
 from tests.serving import Service, free_port
 
 N = 5
+
+# What a client may add to its request in the hope of paying less, or of making another team
+# (`victim`) pay; sent on top of its own x-limiter-team, as the recipe before issue 26 read it.
+# A cost that is no number made Envoy drop the descriptors (no call, no limit); a cost of 0
+# made them check-only; an unknown priority failed the call, and failure_mode_deny false let
+# the request through.
+FORGERIES = {
+    "team": lambda victim: {"x-limiter-team": victim.team},
+    "cost that is no number": lambda victim: {"x-limiter-cost": "abc"},
+    "cost of 0": lambda victim: {"x-limiter-cost": "0"},
+    "priority": lambda victim: {"x-limiter-priority": "vip"},
+    "user": lambda victim: {"x-limiter-user": "u" * 300},  # too long a key: a failed call
+}
+
+
+def caller(team: str) -> Caller:
+    return Caller(f"key-{uuid.uuid4().hex}", team, "")
+
+
+def fresh(label: str) -> Caller:
+    """A caller of its own, its team a fresh one of the free tier (N an hour)."""
+    return caller(f"t-{label.replace(' ', '-')}-{uuid.uuid4().hex[:8]}")
+
+
+# The API keys Envoy knows, by label.
+CALLERS = {
+    **{f"{forgery} {role}": fresh(forgery) for forgery in FORGERIES for role in ("caller", "victim")},
+    **{label: fresh(label) for label in ("exact", "shared", "token", "down")},
+    "slotted": caller("slotted"),
+}
 
 
 def policy() -> dict:
@@ -59,15 +92,20 @@ def limiter():
 @pytest.fixture(scope="module")
 def envoy(limiter, upstream):
     service, rls = limiter
-    with Envoy(rls, upstream.port, token=service.token) as envoy:
+    with Envoy(rls, upstream.port, token=service.token, callers=CALLERS) as envoy:
         yield envoy
 
 
+def key_of(label: str) -> dict:
+    """What a client sends: its API key, nothing of the limiter's."""
+    return {"x-api-key": CALLERS[label].key}
+
+
 def test_a_team_limit_of_n_lets_exactly_n_of_3n_requests_through(envoy, upstream):
-    before = upstream.total
-    answers = [envoy.get("/work", {"x-limiter-team": "t-exact"}) for _ in range(3 * N)]
+    path = f"/{uuid.uuid4().hex}"
+    answers = [envoy.get(path, key_of("exact")) for _ in range(3 * N)]
     assert [status for status, _, _ in answers] == [200] * N + [429] * (2 * N)
-    assert upstream.total - before == N
+    assert upstream.hits.get(path, 0) == N
     for _, headers, _ in answers[N:]:
         assert int(headers["retry-after"]) > 0
         assert headers["ratelimit-policy"] == f'"team:fixed_window";q={N};w=3600, "global:token_bucket";q=100000;w=10'
@@ -76,45 +114,43 @@ def test_a_team_limit_of_n_lets_exactly_n_of_3n_requests_through(envoy, upstream
     assert answers[0][1]["ratelimit"] == f'"team:fixed_window";r={N - 1}'
 
 
-def test_the_cost_header_is_the_cost_and_a_missing_one_costs_1(envoy):
-    assert envoy.get("/", {"x-limiter-team": "t-cost", "x-limiter-cost": "3"})[1]["ratelimit"].endswith(f"r={N - 3}")
-    assert envoy.get("/", {"x-limiter-team": "t-cost"})[1]["ratelimit"].endswith(f"r={N - 4}")
-    status, headers, _ = envoy.get("/", {"x-limiter-team": "t-cost", "x-limiter-cost": "2"})
-    assert status == 429 and headers["ratelimit"].startswith('"team:fixed_window";r=1;t=')
-
-
 def test_grpc_through_envoy_and_rest_share_the_buckets(envoy, limiter):
     service, _ = limiter
-    status, body = service.post("/api/v1/decisions", {"keys": {"team": "t-shared"}, "cost": N - 1})
+    status, body = service.post("/api/v1/decisions", {"keys": {"team": CALLERS["shared"].team}, "cost": N - 1})
     assert status == 200 and body["allowed"]
-    assert envoy.get("/", {"x-limiter-team": "t-shared"})[0] == 200
-    assert envoy.get("/", {"x-limiter-team": "t-shared"})[0] == 429
+    assert envoy.get("/", key_of("shared"))[0] == 200
+    assert envoy.get("/", key_of("shared"))[0] == 429
 
 
 def test_a_slot_taken_reaches_the_upstream_as_its_lease_and_a_forged_one_does_not(envoy, limiter):
-    status, _, body = envoy.get("/", {"x-limiter-team": "slotted", "x-limiter-lease": "forged"})
+    status, _, body = envoy.get("/", {**key_of("slotted"), "x-limiter-lease": "forged"})
     assert status == 200
     lease = json.loads(body).get("x-limiter-lease")
     assert lease and lease != "forged"
-    status, headers, _ = envoy.get("/", {"x-limiter-team": "slotted"})
+    status, headers, _ = envoy.get("/", key_of("slotted"))
     assert status == 429 and "retry-after" in headers
     # The upstream, done, gives the slot back over REST: the next request goes through.
     service, _ = limiter
     assert service.post(f"/api/v1/leases/{lease}/release", {})[0] == 200
-    assert envoy.get("/", {"x-limiter-team": "slotted"})[0] == 200
+    assert envoy.get("/", key_of("slotted"))[0] == 200
 
 
-def test_without_a_team_header_the_global_level_alone_decides(envoy, upstream):
-    status, headers, _ = envoy.get("/", {"x-limiter-user": "u-alone"})
-    assert status == 200
-    assert headers["ratelimit-policy"].startswith('"global:token_bucket"')
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"x-api-key": "key-nobody-knows"}, {"x-limiter-team": "t-of-a-guess"}],
+    ids=["no key", "an unknown key", "the limiter's fields alone"],
+)
+def test_a_request_without_a_known_api_key_is_envoys_own_401(envoy, upstream, headers):
+    path = f"/{uuid.uuid4().hex}"
+    status, _, body = envoy.get(path, headers)
+    assert (status, body, upstream.hits.get(path, 0)) == (401, b"Client authentication failed.", 0)
 
 
 def test_a_wrong_token_is_refused_by_the_service_and_envoy_fails_open(limiter, upstream):
     _, rls = limiter
-    with Envoy(rls, upstream.port, token="la_wrong_token") as envoy:
+    with Envoy(rls, upstream.port, token="la_wrong_token", callers=CALLERS) as envoy:
         before = upstream.total
-        answers = [envoy.get("/", {"x-limiter-team": "t-token"})[0] for _ in range(N + 2)]
+        answers = [envoy.get("/", key_of("token"))[0] for _ in range(N + 2)]
     # UNAUTHENTICATED is a failed call: failure_mode_deny false lets every request through.
     assert answers == [200] * (N + 2) and upstream.total - before == N + 2
 
@@ -123,11 +159,11 @@ def test_a_wrong_token_is_refused_by_the_service_and_envoy_fails_open(limiter, u
 def test_with_the_limiter_stopped_envoy_does_what_failure_mode_deny_says(upstream, deny, expected):
     service, rls = start_limiter()
     try:
-        with Envoy(rls, upstream.port, failure_mode_deny=deny, token=service.token) as envoy:
-            assert [envoy.get("/", {"x-limiter-team": "t-down"})[0] for _ in range(N + 1)] == [200] * N + [429]
+        with Envoy(rls, upstream.port, failure_mode_deny=deny, token=service.token, callers=CALLERS) as envoy:
+            assert [envoy.get("/", key_of("down"))[0] for _ in range(N + 1)] == [200] * N + [429]
             service.stop()
             before = upstream.total
-            status, _, _ = envoy.get("/", {"x-limiter-team": "t-down"})
+            status, _, _ = envoy.get("/", key_of("down"))
             assert status == expected
             assert upstream.total - before == (1 if expected == 200 else 0)
     finally:
@@ -135,12 +171,27 @@ def test_with_the_limiter_stopped_envoy_does_what_failure_mode_deny_says(upstrea
         service.directory.cleanup()
 
 
-def test_a_cost_that_is_no_number_makes_envoy_skip_the_limiter(envoy, upstream):
-    """Envoy's own behaviour, documented in docs/GATEWAYS.md: it drops a descriptor whose
-    hits_addend is no number, so no call is made and the request is not limited; a
-    fraction is cut to its whole part."""
-    for cost in ("abc", "-1"):
-        status, headers, _ = envoy.get("/", {"x-limiter-team": "t-garbage", "x-limiter-cost": cost})
-        assert status == 200 and "ratelimit" not in headers
-    status, headers, _ = envoy.get("/", {"x-limiter-team": "t-garbage", "x-limiter-cost": "1.5"})
-    assert headers["ratelimit"] == f'"team:fixed_window";r={N - 1}'
+@pytest.mark.parametrize("forgery", list(FORGERIES))
+def test_a_clients_own_limiter_header_fields_change_nothing(envoy, limiter, upstream, forgery):
+    """With a team limit of N, 3N requests that carry forged x-limiter-* fields let exactly N
+    through, counted against the caller's own team at cost 1; the team they name is untouched,
+    and the upstream sees the team Envoy knows the caller by, and none of the client's fields."""
+    service, _ = limiter
+    caller, victim = CALLERS[f"{forgery} caller"], CALLERS[f"{forgery} victim"]
+    path = f"/{uuid.uuid4().hex}"
+    headers = {"x-api-key": caller.key, "x-limiter-team": caller.team, **FORGERIES[forgery](victim)}
+    answers = [envoy.get(path, headers) for _ in range(3 * N)]
+    outcome = {
+        "statuses": [status for status, _, _ in answers],
+        "through": upstream.hits.get(path, 0),
+        "caller's team left": team_remaining(service, caller.team),
+        "victim's team left": team_remaining(service, victim.team),
+    }
+    assert outcome == {
+        "statuses": [200] * N + [429] * (2 * N),
+        "through": N,
+        "caller's team left": 0,
+        "victim's team left": N,
+    }
+    seen = json.loads(answers[0][2])
+    assert seen == {"x-limiter-team": caller.team, "x-limiter-cost": "1"}

@@ -2,8 +2,9 @@
 benchmarks, configured from docs/GATEWAYS.md, and a small upstream that counts what reaches
 it. Loopback ports only; everything started here stops with its context.
 
-    with Upstream() as upstream, Nginx(limiter_port, upstream.port, token) as nginx:
-        status, headers, body = request(nginx.port, "GET", "/", {"X-Limiter-Team": "acme"})
+    alice = Caller("key-of-alice", "acme", "alice")
+    with Upstream() as upstream, Nginx(limiter_port, upstream.port, token, {"alice": alice}) as nginx:
+        status, headers, body = nginx.get("/", {"X-Api-Key": alice.key})
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import NamedTuple
 
 from tests.serving import ROOT, free_port
 
@@ -64,6 +67,14 @@ def request(
     finally:
         if own:
             connection.close()
+
+
+def team_remaining(service, team: str) -> float:
+    """The room left at a team's level (and the global one), by a dry run over REST."""
+    status, body = service.post("/api/v1/decisions", {"keys": {"team": team}, "dry_run": True})
+    if status not in (200, 429):
+        raise RuntimeError(f"a dry run for team {team!r} answered {status}: {body}")
+    return body["remaining"]
 
 
 class Upstream:
@@ -118,16 +129,30 @@ class Upstream:
         self.server.server_close()
 
 
+class Caller(NamedTuple):
+    """A client the gateway knows by its API key (`X-Api-Key`), and the team and user keys the
+    gateway decides on for it: the operator's API key file holds one line per caller."""
+
+    key: str
+    team: str
+    user: str
+
+
 class Gateway:
     """A gateway process on a free loopback port, started with the documented configuration
-    (`config`: the file it reads), stopped with its context."""
+    (`config`: the file it reads) beside the API key file of its `callers`, stopped with its
+    context."""
 
     name = ""
 
-    def __init__(self, limiter_port: int, upstream_port: int, token: str) -> None:
+    def __init__(
+        self, limiter_port: int, upstream_port: int, token: str, callers: Mapping[str, Caller] | None = None
+    ) -> None:
+        """`callers`: the clients the gateway knows, by a label of the test's choosing."""
         self.port = free_port()
         self.directory = tempfile.TemporaryDirectory(prefix=f"{self.name}-")
         self.home = Path(self.directory.name)
+        self.callers = dict(callers or {})
         self.values = {
             "LISTEN_PORT": self.port,
             "LIMITER_PORT": limiter_port,
@@ -139,7 +164,14 @@ class Gateway:
     def command(self) -> tuple[list[str], dict]:
         raise NotImplementedError
 
+    def api_keys(self) -> str:
+        """The API key file's text, in the gateway's own syntax."""
+        raise NotImplementedError
+
     def start(self) -> Gateway:
+        for caller in self.callers.values():
+            if not re.fullmatch(r"[\w.-]+", "".join(caller)):
+                raise ValueError(f"{caller}: keys, teams and users of letters, digits, '-', '_' and '.' only")
         command, env = self.command()
         self.log_path = self.home / "gateway.log"
         with open(self.log_path, "w") as log:
@@ -179,60 +211,33 @@ class Gateway:
         self.directory.cleanup()
 
 
-# What a deployment's nginx.conf holds around the documented block (which goes in `http {}`):
-# here foreground, one worker, every path under the test's own directory.
-NGINX_MAIN = """daemon off;
-worker_processes 1;
-pid {home}/nginx.pid;
-error_log stderr warn;
-events {{ worker_connections 256; }}
-http {{
-    access_log off;
-    client_body_temp_path {home}/body;
-    proxy_temp_path {home}/proxy;
-    fastcgi_temp_path {home}/fastcgi;
-    uwsgi_temp_path {home}/uwsgi;
-    scgi_temp_path {home}/scgi;
-{server}
-}}
-"""
-
-
 class Nginx(Gateway):
-    """nginx (`auth_request`), as docs/GATEWAYS.md configures it."""
+    """nginx (`auth_request`), docs/GATEWAYS.md's whole nginx.conf: in the foreground, its pid
+    and temporary files under the test's own directory (`-p`)."""
 
     name = "nginx"
 
     def command(self) -> tuple[list[str], dict]:
         config = self.home / "nginx.conf"
-        server = fill(documented("nginx.conf"), self.values)
-        config.write_text(NGINX_MAIN.format(home=self.home, server=server))
+        config.write_text(fill(documented("nginx.conf"), self.values))
+        (self.home / "api_keys.map").write_text(self.api_keys())
         binary = shutil.which("nginx") or "/usr/sbin/nginx"
         return [binary, "-p", str(self.home), "-c", str(config), "-e", "stderr"], dict(os.environ)
 
-
-# What a deployment's Caddyfile holds before the documented site: no admin endpoint (several
-# Caddys at once), plain HTTP on loopback.
-CADDY_GLOBAL = """{
-	admin off
-	auto_https off
-	skip_install_trust
-	log {
-		level WARN
-	}
-}
-
-"""
+    def api_keys(self) -> str:
+        return "".join(f'"{caller.key}" "{caller.team}/{caller.user}";\n' for caller in self.callers.values())
 
 
 class Caddy(Gateway):
-    """Caddy (`forward_auth`), as docs/GATEWAYS.md configures it."""
+    """Caddy (`forward_auth`), docs/GATEWAYS.md's whole Caddyfile; its state (autosave, the
+    local CA it would make) under the test's own directory."""
 
     name = "caddy"
 
     def command(self) -> tuple[list[str], dict]:
         config = self.home / "Caddyfile"
-        config.write_text(CADDY_GLOBAL + fill(documented("Caddyfile"), self.values))
+        config.write_text(fill(documented("Caddyfile"), self.values))
+        (self.home / "api_keys.caddy").write_text(self.api_keys())
         env = {
             **os.environ,
             "HOME": str(self.home),
@@ -241,3 +246,6 @@ class Caddy(Gateway):
         }
         binary = shutil.which("caddy") or "/usr/bin/caddy"
         return [binary, "run", "--config", str(config), "--adapter", "caddyfile"], env
+
+    def api_keys(self) -> str:
+        return "".join(f"{caller.key} {caller.team} {caller.user}\n" for caller in self.callers.values())

@@ -7,8 +7,8 @@ import pytest
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 
+from policies.admin.rule_form import field_name, is_typed
 from policies.models import Level, PolicySettings, PolicyVersion, PriorityClass, Rule, Tenant, Tier
-from policies.rule_form import field_name, is_typed
 
 pytestmark = pytest.mark.django_db
 

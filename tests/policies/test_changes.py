@@ -4,7 +4,8 @@ diffed between two versions of a tier or tenant, a row's own fields by name, and
 import pytest
 
 from policies.changes import Change, Names, previous_records, record_changes, rule_changes, rule_name, sentence
-from policies.models import Level, Rule, Tenant, Tier, replace_rules
+from policies.history import replace_rules
+from policies.models import Level, Rule, Tenant, Tier
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
-from policies.invariants import PolicyConflict, PolicyViolation, check_deletable, check_owner_rules
+from policies.integrity import check_deletable
+from policies.invariants import PolicyConflict, PolicyViolation, check_owner_rules
 from policies.models import Level, PriorityClass, Rule, Tier
 from tests.api.conftest import make_token, memory_engine, token_client  # noqa: F401  (fixtures)
 

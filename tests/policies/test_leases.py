@@ -4,35 +4,35 @@ and nothing else does (tampered, made up, truncated, foreign)."""
 import pytest
 from django.test import override_settings
 
-from policies.leases import lease_id, read_lease_id
+from policies.services.leases import read_ticket, ticket
 
 KEYS = {"user": "u1", "team": "acme é", "global": "*"}
 
 
 def test_it_reads_back_the_keys_and_the_engine_lease():
-    made = lease_id(KEYS, "0123456789ab-1f")
-    assert read_lease_id(made) == (KEYS, "0123456789ab-1f")
+    made = ticket(KEYS, "0123456789ab-1f")
+    assert read_ticket(made) == (KEYS, "0123456789ab-1f")
     assert made.isascii() and "/" not in made and " " not in made
 
 
 def test_no_lease_has_no_id():
-    assert lease_id(KEYS, None) is None
+    assert ticket(KEYS, None) is None
 
 
 def test_a_changed_part_does_not_read():
-    lease, packed, mac = lease_id(KEYS, "0123456789ab-1f").split(".")
-    other_keys = lease_id({"user": "u2", "team": "acme é", "global": "*"}, lease).split(".")[1]
-    assert read_lease_id(f"{lease}.{other_keys}.{mac}") is None
-    assert read_lease_id(f"0123456789ab-20.{packed}.{mac}") is None
-    assert read_lease_id(f"{lease}.{packed}.{mac[:-1]}A") is None
+    lease, packed, mac = ticket(KEYS, "0123456789ab-1f").split(".")
+    other_keys = ticket({"user": "u2", "team": "acme é", "global": "*"}, lease).split(".")[1]
+    assert read_ticket(f"{lease}.{other_keys}.{mac}") is None
+    assert read_ticket(f"0123456789ab-20.{packed}.{mac}") is None
+    assert read_ticket(f"{lease}.{packed}.{mac[:-1]}A") is None
 
 
 @pytest.mark.parametrize("text", ["", "x", "a.b", "a.b.c.d", "..", "é.b.c", "a" * 5000, None, 3])
 def test_anything_else_does_not_read(text):
-    assert read_lease_id(text) is None
+    assert read_ticket(text) is None
 
 
 def test_an_id_signed_with_another_secret_does_not_read():
     with override_settings(SECRET_KEY="another deployment's secret key, long enough to be one"):
-        foreign = lease_id(KEYS, "0123456789ab-1f")
-    assert read_lease_id(foreign) is None
+        foreign = ticket(KEYS, "0123456789ab-1f")
+    assert read_ticket(foreign) is None

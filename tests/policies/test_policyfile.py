@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from core import ConfigError
-from policies.models import Level, PolicySettings, PriorityClass, Rule, Tenant, Tier
+from policies.models import Alert, Level, PolicySettings, PriorityClass, Rule, Tenant, Tier
 from policies.policyfile import check_document, export_policy, load_policy
 
 pytestmark = pytest.mark.django_db
@@ -247,6 +247,36 @@ def test_a_yaml_syntax_error_is_a_clear_error(tmp_path):
         call_command("loadpolicies", str(path))
 
 
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        pytest.param("policy.json", '{"tiers": {"pro": {"user": %s}}}' % ("[" * 62 + "]" * 62), id="JSON, 65 deep"),
+        pytest.param("policy.yaml", "tiers: {pro: {user: %s}}" % ("[" * 62 + "]" * 62), id="YAML, 65 deep"),
+        pytest.param("policy.json", "[" * 100_000 + "]" * 100_000, id="JSON, past Python's stack"),
+        pytest.param("policy.yaml", "[" * 100_000 + "]" * 100_000, id="YAML, past Python's stack"),
+        pytest.param("policy.yaml", "tiers: &loop [*loop]", id="YAML, an alias inside itself"),
+    ],
+)
+def test_a_file_nested_more_than_64_levels_deep_is_refused_and_changes_nothing(
+    tmp_path, load, policy, commits, name, text
+):
+    load(policy)
+    before = snapshot()
+    path = tmp_path / name
+    path.write_text(text)
+    kind = "JSON" if name.endswith(".json") else "YAML"
+    with pytest.raises(CommandError, match=f"^{path}: the {kind} is nested more than 64 levels deep$"):
+        load_file(path, commits)
+    assert snapshot() == before
+
+
+def test_a_file_nested_64_levels_deep_is_read_and_refused_for_its_field(tmp_path, commits):
+    path = tmp_path / "policy.json"
+    path.write_text('{"tiers": {"pro": {"user": %s}}}' % ("[" * 61 + "]" * 61))
+    with pytest.raises(CommandError, match=r"tiers\.pro\.user\[0\]: a rule must be a mapping"):
+        load_file(path, commits)
+
+
 def test_load_policy_refuses_what_check_refuses(policy):
     policy["tiers"]["pro"]["team"] = "lots"
     with pytest.raises(ConfigError, match="tiers.pro.team"):
@@ -262,3 +292,104 @@ def test_an_expiry_with_any_offset_python_reads_is_kept_as_the_same_moment_in_ut
     load_policy(policy)
     kept = Tenant.objects.get(key="bigco").overrides_until
     assert kept == dt.datetime(2042, 1, 14, 6, 14, 50, tzinfo=dt.UTC)
+
+
+# --- alerts ---------------------------------------------------------------------------------------
+
+ALERTS = {
+    "denials": {"kind": "denied_share", "threshold": 0.2, "window": "5m", "url": "https://hooks.example.com/d"},
+    "quota-90": {"kind": "quota_used", "threshold": 0.9, "url": "http://alertmanager:9093/q", "format": "slack"},
+}
+
+
+def with_alerts(policy, **secrets):
+    policy["alerts"] = {name: {**spec, **secrets} for name, spec in ALERTS.items()}
+    return policy
+
+
+def test_alerts_load_with_their_secrets_and_export_without_them(tmp_path, policy, commits, monkeypatch):
+    monkeypatch.setenv("DENIALS_HOOK_SECRET", "from-the-environment")
+    policy = with_alerts(policy, secret="in-the-file")
+    policy["alerts"]["denials"] = {**ALERTS["denials"], "secret_env": "DENIALS_HOOK_SECRET", "enabled": False}
+    load_file(write(tmp_path, policy), commits)
+    assert dict(Alert.objects.values_list("name", "secret")) == {
+        "denials": "from-the-environment",
+        "quota-90": "in-the-file",
+    }
+    assert Alert.objects.get(name="denials").enabled is False
+    exported = export_policy()["alerts"]
+    assert exported == {"denials": {**ALERTS["denials"], "enabled": False}, "quota-90": ALERTS["quota-90"]}
+
+
+def test_an_exported_file_loads_back_byte_for_byte_keeping_the_secrets(tmp_path, policy, commits):
+    load_file(write(tmp_path, with_alerts(policy, secret="kept")), commits)
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    call_command("exportpolicies", str(first), stdout=io.StringIO())
+    assert "kept" not in first.read_text() and "secret" not in first.read_text()
+    versions = dict(Alert.objects.values_list("name", "version"))
+    load_file(first, commits)
+    call_command("exportpolicies", str(second), stdout=io.StringIO())
+    assert second.read_bytes() == first.read_bytes()
+    assert dict(Alert.objects.values_list("name", "version")) == versions  # nothing changed
+    assert set(Alert.objects.values_list("secret", flat=True)) == {"kept"}
+
+
+def test_a_new_alert_without_a_secret_is_refused_and_nothing_is_loaded(tmp_path, policy, commits):
+    policy = with_alerts(policy)
+    policy["tiers"]["free"]["user"][0]["capacity"] = 11
+    with pytest.raises(CommandError) as refused:
+        load_file(write(tmp_path, policy), commits)
+    assert "alerts.denials.secret: a new alert needs a secret" in str(refused.value)
+    assert not Tier.objects.exists() and not Alert.objects.exists()
+
+
+def test_loading_a_file_replaces_the_alerts(load, policy):
+    load(with_alerts(policy, secret="s"))
+    del policy["alerts"]["denials"]
+    policy["alerts"]["quota-90"] = {"kind": "quota_used", "threshold": 0.95, "url": "https://x.io/"}  # keeps its secret
+    load(policy)
+    alert = Alert.objects.get()
+    assert (alert.name, alert.threshold, alert.format, alert.secret, alert.version) == (
+        "quota-90",
+        0.95,
+        "json",
+        "s",
+        2,
+    )
+    del policy["alerts"]
+    load(policy)
+    assert not Alert.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "change, path, reason",
+    [
+        ({"url": "ftp://x/"}, "alerts.denials.url", "must be an http:// or https:// URL, not ftp:"),
+        ({"url": None}, "alerts.denials.url", "a webhook URL is required"),
+        ({"threshold": 0}, "alerts.denials.threshold", "above 0 and at most 1"),
+        ({"threshold": True}, "alerts.denials.threshold", "must be a number"),
+        ({"window": None}, "alerts.denials.window", "a denied_share alert needs a window"),
+        ({"kind": "quota_used"}, "alerts.denials.window", "only a denied_share alert has a window"),
+        ({"format": "html"}, "alerts.denials.format", "must be one of json, slack"),
+        ({"enabled": "no"}, "alerts.denials.enabled", "must be true or false"),
+        ({"secret": ""}, "alerts.denials.secret", "a secret is required"),
+        ({"secret_env": "LIMITER_TEST_NOT_SET"}, "alerts.denials.secret_env", "names no environment variable"),
+        ({"hook": "x"}, "alerts.denials.hook", "unknown field"),
+    ],
+)
+def test_a_bad_alert_in_a_file_names_its_path(policy, change, path, reason):
+    policy = with_alerts(policy, secret="s")
+    policy["alerts"]["denials"] = {k: v for k, v in {**policy["alerts"]["denials"], **change}.items() if v is not None}
+    if "secret_env" in change:
+        del policy["alerts"]["denials"]["secret"]
+    with pytest.raises(ConfigError) as caught:
+        check_document(policy)
+    assert (caught.value.path, reason in caught.value.reason) == (path, True), caught.value
+
+
+def test_a_bad_alert_name_or_section_names_its_path(policy):
+    for alerts, path in (([], "alerts"), ({"two words": {}}, "alerts.two words"), ({"a": []}, "alerts.a")):
+        policy["alerts"] = alerts
+        with pytest.raises(ConfigError) as caught:
+            check_document(policy)
+        assert caught.value.path == path

@@ -1,15 +1,19 @@
 """Envoy's rate limit service over gRPC (policies/rls_service.py), called through a real gRPC
 channel: its answers, its refusals and the service token it may require."""
 
+import os
+import subprocess
+import sys
+
 import grpc
 import pytest
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
 from core.stats import DenialStats
-from policies.api.observe import install_denial_stats
 from policies.compile import PolicyCache, install_policy_cache
-from policies.rls_service import start_server
+from policies.rls_service import is_loopback, start_server
+from policies.telemetry import install_denial_stats
 from tests.api.conftest import make_token
 
 Response = rls_pb2.RateLimitResponse
@@ -23,9 +27,11 @@ def ask(team="t1", domain="limiter", hits=0):
 
 
 @pytest.fixture
-def service(transactional_db, load, policy, store, clock):
+def service(transactional_db, load, policy, store, clock, settings):
     """The gRPC service on a free loopback port, deciding the example policy (the free tier's
-    team: 2 a minute) on an in-process store; yields a stub on a channel to it."""
+    team: 2 a minute) on an in-process store; yields a stub on a channel to it. No token is
+    required (loopback may serve so) unless a test says otherwise."""
+    settings.LIMITER_RLS_REQUIRE_TOKEN = False
     policy["tiers"]["free"]["team"] = [{"type": "fixed_window", "limit": 2, "window": 60}]
     install_policy_cache(PolicyCache(store=store, clock=clock, limiter_clock=clock))
     install_denial_stats(DenialStats(clock=clock, flush_every=None))
@@ -90,6 +96,46 @@ def test_without_a_token_required_no_metadata_is_needed(service):
     assert service.ShouldRateLimit(ask(), timeout=5).overall_code == Response.OK
 
 
+def test_a_token_is_required_unless_the_settings_say_otherwise():
+    environment = {k: v for k, v in os.environ.items() if k != "LIMITER_RLS_REQUIRE_TOKEN"}
+    shown = subprocess.run(
+        [sys.executable, "-c", "import limiter_admin.settings as s; print(s.LIMITER_RLS_REQUIRE_TOKEN)"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.stdout.strip() == "True", shown.stderr
+
+
+@pytest.mark.parametrize(
+    "host, loopback",
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("[::]", False),
+        ("10.0.0.5", False),
+        ("envoy.internal", False),
+        ("", False),
+    ],
+)
+def test_only_loopback_addresses_count_as_loopback(host, loopback):
+    assert is_loopback(host) is loopback
+
+
+def test_without_a_token_required_only_loopback_is_served(settings):
+    settings.LIMITER_RLS_REQUIRE_TOKEN = False
+    refusal = "refusing to serve Envoy's rate limit service on '0.0.0.0:0' without a token"
+    with pytest.raises(RuntimeError, match=refusal):
+        start_server("0.0.0.0:0")
+    settings.LIMITER_RLS_REQUIRE_TOKEN = True
+    server = start_server("0.0.0.0:0")
+    server.stop(grace=None)
+
+
 def test_a_bind_address_already_taken_is_an_error_naming_it(service):
     first = start_server("127.0.0.1:0")
     try:
@@ -99,9 +145,12 @@ def test_a_bind_address_already_taken_is_an_error_naming_it(service):
         first.stop(grace=None)
 
 
-def test_a_check_that_cannot_reach_the_store_is_unavailable(transactional_db, load, policy, unreachable_redis_url):
+def test_a_check_that_cannot_reach_the_store_is_unavailable(
+    transactional_db, load, policy, unreachable_redis_url, settings
+):
     from core.stores.redis import RedisStore
 
+    settings.LIMITER_RLS_REQUIRE_TOKEN = False
     store = RedisStore(url=unreachable_redis_url)
     install_policy_cache(PolicyCache(store=store))
     load(policy)

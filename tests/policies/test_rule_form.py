@@ -1,4 +1,4 @@
-"""Editing rules in the admin (policies/rule_form.py): a typed field per parameter of the rule
+"""Editing rules in the admin (policies/admin/rule_form.py): a typed field per parameter of the rule
 type, built from its declarations in core.RULES, with its bounds and help on the page before
 anything is saved; JSON for plug-in types; a bad value is an error on its own field, never a
 500, and nothing is saved."""
@@ -10,8 +10,8 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from core import RULES
+from policies.admin.rule_form import bounds, is_typed
 from policies.models import Level, Rule, Tier
-from policies.rule_form import bounds, is_typed
 
 from .test_admin import params_data, tier_form
 
@@ -84,6 +84,49 @@ def test_an_optional_parameter_shows_its_default_as_a_placeholder(operator, load
     page = operator.get(f"/admin/policies/tier/{free().pk}/change/").content.decode()
     lease = param_box(page, "rules-0-", "concurrency", "lease")
     assert 'placeholder="60"' in lease and 'step="any"' in lease and 'max="86400"' in lease
+
+
+def test_a_choice_is_a_select_of_its_choices_and_an_optional_text_has_no_placeholder(operator, loaded):
+    page = html.unescape(operator.get(f"/admin/policies/tier/{free().pk}/change/").content.decode())
+    period = param_box(page, "rules-0-", "quota", "period")
+    assert "<select" in period and '<option value="month">month</option>' in period
+    assert '<option value="" selected>(required)</option>' in period
+    assert "one of hour, day, week, month, none, required" in period
+    mode = param_box(page, "rules-0-", "quota", "mode")
+    assert '<option value="" selected>(default: hard)</option>' in mode
+    timezone = param_box(page, "rules-0-", "quota", "timezone")
+    assert '<option value="Europe/Berlin">Europe/Berlin</option>' in timezone
+    assert '<option value="" selected>(default: UTC)</option>' in timezone and "one of 59" in timezone
+    demote_to = param_box(page, "rules-0-", "quota", "demote_to")
+    assert "placeholder" not in demote_to and "string, optional" in demote_to
+
+
+def test_a_quota_is_saved_from_its_typed_fields(operator, loaded):
+    rules = list(free().rules.all())
+    data = tier_form(free(), rules=rules)
+    data |= {
+        "rules-0-type": "quota",
+        "rules-0-quota__limit": "100000",
+        "rules-0-quota__period": "month",
+        "rules-0-quota__timezone": "Europe/Berlin",
+        "rules-0-quota__mode": "",
+        "rules-0-quota__demote_to": "",
+    }
+    assert operator.post(f"/admin/policies/tier/{free().pk}/change/", data).status_code == 302
+    rule = Rule.objects.get(pk=rules[0].pk)
+    assert (rule.type, rule.params) == ("quota", {"limit": 100000, "period": "month", "timezone": "Europe/Berlin"})
+    page = html.unescape(operator.get(f"/admin/policies/tier/{free().pk}/change/").content.decode())
+    assert '<option value="month" selected>month</option>' in param_box(page, "rules-0-", "quota", "period")
+
+
+def test_an_unknown_time_zone_is_an_error_on_its_field(operator, loaded):
+    rules = list(free().rules.all())
+    data = tier_form(free(), rules=rules)
+    data |= {"rules-0-type": "quota", "rules-0-quota__limit": "10", "rules-0-quota__period": "day"}
+    data["rules-0-quota__timezone"] = "Mars/Olympus"
+    page = html.unescape(operator.post(f"/admin/policies/tier/{free().pk}/change/", data).content.decode())
+    assert "unknown time zone 'Mars/Olympus'" in param_box(page, "rules-0-", "quota", "timezone")
+    assert Rule.objects.get(pk=rules[0].pk).type == "token_bucket"
 
 
 def test_a_new_rule_asks_for_a_type_first(operator, loaded):
@@ -257,10 +300,15 @@ def test_a_plug_in_rules_parameters_are_json_with_its_declared_help(operator, lo
 @pytest.mark.parametrize(
     ("text", "reason"),
     [
-        ("{not json", "Enter a valid JSON."),
+        ("{not json", "Enter a valid JSON, nested at most 64 levels deep."),
         ("[1, 2]", "Must be a mapping of parameter names to values."),
         ('{"total": 0}', "total: must be at least 1, got 0"),
         ('{"totl": 5}', "unknown parameter 'totl' (known: total)"),
+        ('{"total": %s}' % ("[" * 64 + "]" * 64), "Enter a valid JSON, nested at most 64 levels deep."),
+        (
+            "[" * 100_000 + "]" * 100_000,
+            "Enter a valid JSON, nested at most 64 levels deep.",
+        ),  # past Python's stack: was a 500
     ],
 )
 def test_a_plug_ins_bad_json_is_an_error_on_its_parameters_not_a_500(operator, loaded, plugin_rule, text, reason):

@@ -27,13 +27,16 @@ def team_policy(limit: int) -> dict:
     return policy
 
 
-def should_rate_limit(port: int, team: str = "t1", hits: int = 0):
+def should_rate_limit(port: int, token: str, team: str = "t1", hits: int = 0):
+    """One call, with the service token in its metadata ("" for none)."""
     entry = ratelimit_pb2.RateLimitDescriptor.Entry(key="team", value=team)
     request = rls_pb2.RateLimitRequest(
         domain="limiter", descriptors=[ratelimit_pb2.RateLimitDescriptor(entries=[entry])], hits_addend=hits
     )
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        return rls_pb2_grpc.RateLimitServiceStub(channel).ShouldRateLimit(request, timeout=10, wait_for_ready=True)
+        stub = rls_pb2_grpc.RateLimitServiceStub(channel)
+        return stub.ShouldRateLimit(request, metadata=metadata, timeout=10, wait_for_ready=True)
 
 
 def listening(port: int) -> bool:
@@ -47,11 +50,11 @@ def listening(port: int) -> bool:
 def test_gunicorn_serves_grpc_and_rest_from_one_in_process_store_and_one_ctrl_c_stops_both():
     rls = free_port()
     with Service(team_policy(6), extra_env={"RLS_BIND": f"127.0.0.1:{rls}"}) as service:
-        assert should_rate_limit(rls, hits=3).overall_code == Response.OK
+        assert should_rate_limit(rls, service.token, hits=3).overall_code == Response.OK
         status, body = service.post("/api/v1/decisions", {"keys": {"team": "t1"}, "cost": 2})
         assert status == 200 and body["allowed"] and body["remaining"] == 1
-        assert should_rate_limit(rls).overall_code == Response.OK
-        assert should_rate_limit(rls).overall_code == Response.OVER_LIMIT
+        assert should_rate_limit(rls, service.token).overall_code == Response.OK
+        assert should_rate_limit(rls, service.token).overall_code == Response.OVER_LIMIT
         status, body = service.post("/api/v1/decisions", {"keys": {"team": "t1"}})
         assert status == 200 and not body["allowed"]
         # Ctrl-C in a terminal: SIGINT to the whole process group.
@@ -67,17 +70,65 @@ def test_an_empty_rls_bind_serves_no_grpc():
         assert not listening(rls)
 
 
+def test_by_default_a_call_without_a_token_spends_nothing():
+    """The finding of issue 26: unauthenticated calls took a tenant's concurrency slots."""
+    rls = free_port()
+    service = Service(team_policy(2), extra_env={"RLS_BIND": f"127.0.0.1:{rls}"})
+    service.env.pop("LIMITER_RLS_REQUIRE_TOKEN", None)  # unset: the default
+    with service:
+        for token in ("", "la_made_up_token"):
+            with pytest.raises(grpc.RpcError) as refused:
+                should_rate_limit(rls, token)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # Nothing was spent: the tenant's two decisions are still there, for a caller with a token.
+        codes = [should_rate_limit(rls, service.token).overall_code for _ in range(3)]
+        assert codes == [Response.OK, Response.OK, Response.OVER_LIMIT]
+
+
 @pytest.fixture
 def database():
-    """A migrated database with the policy loaded, for a manage.py of its own."""
+    """A migrated database with the policy loaded, for a manage.py of its own, and a token."""
     service = Service(team_policy(2))
     service.manage("migrate", "--noinput")
     path = os.path.join(service.directory.name, "policy.json")
     with open(path, "w") as out:
         json.dump(service.policy, out)
     service.manage("loadpolicies", path)
+    service.token = service.manage("createservicetoken", "envoy").strip().splitlines()[-1]
     yield service
     service.directory.cleanup()
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0:0", "[::]:0", "10.1.2.3:8081", "limiter.example:8081"])
+def test_serve_rls_without_a_token_refuses_an_address_beyond_loopback(database, bind):
+    done = subprocess.run(
+        [sys.executable, "manage.py", "serve_rls", "--bind", bind],
+        cwd=ROOT,
+        env={**database.env, "LIMITER_RLS_REQUIRE_TOKEN": "0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert f"refusing to serve Envoy's rate limit service on {bind!r} without a token" in done.stderr
+
+
+def test_serve_rls_without_a_token_serves_loopback(database):
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "serve_rls", "--bind", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        env={**database.env, "LIMITER_RLS_REQUIRE_TOKEN": "0"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout.readline().strip() == f"Envoy's rate limit service (gRPC) on 127.0.0.1:{port}"
+        assert should_rate_limit(port, "").overall_code == Response.OK
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(15)
 
 
 def test_serve_rls_serves_until_interrupted(database):
@@ -92,7 +143,7 @@ def test_serve_rls_serves_until_interrupted(database):
     )
     try:
         assert process.stdout.readline().strip() == f"Envoy's rate limit service (gRPC) on 127.0.0.1:{port}"
-        codes = [should_rate_limit(port).overall_code for _ in range(3)]
+        codes = [should_rate_limit(port, database.token).overall_code for _ in range(3)]
         assert codes == [Response.OK, Response.OK, Response.OVER_LIMIT]
         process.send_signal(signal.SIGINT)
         assert process.wait(15) == 0
@@ -123,7 +174,7 @@ def test_serve_rls_on_a_taken_port_exits_non_zero_naming_it(database):
 def test_a_reload_keeps_grpc_served_by_the_new_worker():
     rls = free_port()
     with Service(team_policy(100), extra_env={"RLS_BIND": f"127.0.0.1:{rls}"}) as service:
-        assert should_rate_limit(rls).overall_code == Response.OK
+        assert should_rate_limit(rls, service.token).overall_code == Response.OK
         [old] = service.worker_pids()
         # SIGHUP: gunicorn replaces its worker; the new one serves gRPC on the same port.
         os.kill(service.process.pid, signal.SIGHUP)
@@ -131,7 +182,7 @@ def test_a_reload_keeps_grpc_served_by_the_new_worker():
         while time.monotonic() < deadline and (old in service.worker_pids() or not service.worker_pids()):
             time.sleep(0.05)  # waiting for gunicorn's reload, not an edge under test
         assert old not in service.worker_pids() and len(service.worker_pids()) == 1
-        assert should_rate_limit(rls).overall_code == Response.OK
+        assert should_rate_limit(rls, service.token).overall_code == Response.OK
         assert "Worker failed to boot" not in service.read_log()
 
 
@@ -139,5 +190,5 @@ def test_a_reload_keeps_grpc_served_by_the_new_worker():
 def test_make_run_hands_gunicorn_rls_bind_by_default_and_empty_when_told(environment, passed):
     env = {k: v for k, v in os.environ.items() if k != "RLS_BIND"} | environment
     done = subprocess.run(["make", "-n", "run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    [line] = [line for line in done.stdout.splitlines() if "gunicorn limiter_admin.wsgi" in line]
-    assert line.startswith(passed + " ")
+    [line] = [line for line in done.stdout.splitlines() if "bin/serve" in line]
+    assert f" {passed} " in f" {line} "

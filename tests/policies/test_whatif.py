@@ -13,10 +13,10 @@ from django.core.management.base import CommandError
 
 from core import ConfigError, ManualClock
 from core.recorder import DecisionRecorder
-from policies.api.observe import install_decision_recorder, reset_decision_recorder
 from policies.compile import read_policy
 from policies.policyfile import export_policy, load_policy
-from policies.whatif import draft_policies, merge_draft, series_step, what_if, what_if_table
+from policies.services.whatif import draft_policies, merge_draft, series_step, what_if, what_if_table
+from policies.telemetry import install_decision_recorder, reset_decision_recorder
 
 from .conftest import START
 from .test_policyfile import snapshot
@@ -205,6 +205,7 @@ def test_a_tenants_override_levels_merge_with_those_it_has(load):
         ({"levels": [{"name": "team", "fail_mode": "sideways"}]}, "levels[0].fail_mode"),
         ({"tenats": {}}, "tenats"),
         ({"tiers": {"x" * 65: {"team": bucket(3)}}}, f"tiers.{'x' * 65}.name"),
+        ({"alerts": {"a": {"kind": "quota_used", "threshold": 2, "url": "https://x.io/"}}}, "alerts.a.threshold"),
     ],
 )
 def test_a_bad_draft_is_refused_as_loadpolicies_refuses_the_same_document(policy, draft, path):
@@ -217,6 +218,12 @@ def test_a_bad_draft_is_refused_as_loadpolicies_refuses_the_same_document(policy
     if not path.startswith("levels"):  # a draft's levels are checked alone, at the draft's own index
         assert (refused.value.path, refused.value.reason) == (loading.value.path, loading.value.reason)
     assert snapshot() == before
+
+
+def test_alerts_in_a_draft_are_checked_and_play_no_part(recorded):
+    alert = {"kind": "denied_share", "threshold": 0.1, "window": "5m", "url": "https://x.io/", "secret": "s"}
+    with_alerts = what_if({"alerts": {"noisy": alert}}, WINDOW)
+    assert with_alerts["totals"] == what_if({}, WINDOW)["totals"]
 
 
 def test_a_draft_writes_nothing(recorded):

@@ -91,3 +91,107 @@ def _decide(url, config, key_sets, threads, prefix, ready, answers, process, eac
         answers.put(found)
     except BaseException as error:  # the parent reports it, rather than waiting for nothing
         answers.put(f"{type(error).__name__}: {error}")
+
+
+def settle_from_processes(
+    url: str,
+    config: dict,
+    keys: dict,
+    processes: int = 4,
+    threads: int = 25,
+    estimate: float = 4.0,
+    actuals: tuple[float, ...] = (2.0, 6.0),
+    top_up: tuple[str, int | str, float] | None = None,
+    options: dict | None = None,
+) -> dict[str, float]:
+    """A quota spent from `processes` x `threads` threads at one key set, in three phases, each
+    begun at once everywhere: every thread reserves `estimate`; every thread that got a
+    reservation settles it with actuals[n % len(actuals)] (n: the thread's number over all
+    processes), so above and below its estimate; then every thread spends 1, and, with
+    `top_up` = (level, rule, amount), every even thread tops up `amount` first.
+    Returns the totals: reserved, charged (the actual costs settled), spent, topped_up."""
+    context = multiprocessing.get_context("spawn")
+    phase = context.Barrier(processes)
+    answers = context.Queue()
+    children = [
+        context.Process(
+            target=_reserve_and_settle,
+            args=(url, config, keys, threads, phase, answers, p, estimate, actuals, top_up, options or {}),
+        )
+        for p in range(processes)
+    ]
+    for child in children:
+        child.start()
+    try:
+        found = [answers.get(timeout=READY_WITHIN + 60) for _ in children]
+    finally:
+        for child in children:
+            child.join(10)
+            if child.is_alive():
+                child.kill()
+    errors = [item for item in found if isinstance(item, str)]
+    assert not errors, errors[0]
+    return {name: sum(totals[name] for totals in found) for name in found[0]}
+
+
+def _reserve_and_settle(url, config, keys, threads, phase, answers, process, estimate, actuals, top_up, options):
+    try:
+        from core import HierarchicalLimiter
+        from core.stores import store_from_url
+
+        store = store_from_url(url, timeout=TIMEOUT, **options)
+        limiter = HierarchicalLimiter.from_config(config, store=store)
+        store.ping()
+        totals = {"reserved": 0, "charged": 0.0, "spent": 0, "topped_up": 0.0}
+        held: dict[int, object] = {}
+        lock = threading.Lock()
+
+        def reserve(k: int) -> None:
+            decision, reservation = limiter.reserve(keys, estimate, hold=600)
+            assert not decision.degraded, decision
+            if reservation is not None:
+                with lock:
+                    held[k] = reservation
+                    totals["reserved"] += 1
+
+        def settle(k: int) -> None:
+            reservation = held.get(k)
+            if reservation is not None:
+                actual = actuals[(process * threads + k) % len(actuals)]
+                limiter.settle(reservation.id, actual)
+                with lock:
+                    totals["charged"] += actual
+
+        def spend(k: int) -> None:
+            if top_up is not None and k % 2 == 0:
+                level, rule, amount = top_up
+                limiter.top_up(level, keys[level], rule, amount)
+                with lock:
+                    totals["topped_up"] += amount
+            decision = limiter.acquire(keys)
+            assert not decision.degraded, decision
+            with lock:
+                totals["spent"] += decision.allowed
+
+        failures: list[BaseException] = []
+        for work in (reserve, settle, spend):
+            phase.wait(READY_WITHIN)  # every process starts the phase together
+            start = threading.Barrier(threads)
+
+            def run(k: int, work=work, start=start) -> None:
+                start.wait(READY_WITHIN)
+                try:
+                    work(k)
+                except BaseException as failure:  # reported by the process, below
+                    failures.append(failure)
+
+            workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join(READY_WITHIN)
+            if failures:
+                raise failures[0]
+        answers.put(totals)
+    except BaseException as error:  # the parent reports it, rather than waiting for nothing
+        answers.put(f"{type(error).__name__}: {error}")

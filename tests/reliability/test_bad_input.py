@@ -165,7 +165,17 @@ PARAMS = {
     "sliding_window": ("limit", "window"),
     "sliding_window_counter": ("limit", "window"),
     "concurrency": ("limit", "lease"),
+    "quota": ("limit", "period", "timezone", "mode", "demote_to"),
 }
+# A quota's parameters that are texts: anything but what they take (demote_to takes a class
+# only in soft mode, and this quota is hard; null leaves it out, which is no defect).
+QUOTA_TEXTS = {"period": {"hour", "day", "week", "month", "none"}, "timezone": set(), "mode": {"hard", "soft"}}
+NOT_A_TIME_ZONE = st.one_of(
+    st.sampled_from(["Mars/Olympus", "/etc/passwd", "../UTC", "Europe/", "UTC ", "zone.tab", "x" * 300, "a\x00b"]),
+    st.integers(),
+    st.none(),
+    st.just(""),
+)
 VALID_RULES = {
     "token_bucket": RULE,
     "gcra": {"type": "gcra", "rate": 5, "burst": 10},
@@ -173,6 +183,7 @@ VALID_RULES = {
     "sliding_window": {"type": "sliding_window", "limit": 10, "window": 60},
     "sliding_window_counter": {"type": "sliding_window_counter", "limit": 10, "window": 60},
     "concurrency": {"type": "concurrency", "limit": 10, "lease": 60},
+    "quota": {"type": "quota", "limit": 100, "period": "day", "timezone": "Europe/Berlin"},
 }
 
 
@@ -184,7 +195,14 @@ def bad_rule(draw):
     slot = draw(st.sampled_from(["param", "type", "unknown", "label", "shadow", "counts", "missing"]))
     if slot == "param":
         name = draw(st.sampled_from(PARAMS[rule_type]))
-        rule[name] = draw(NOT_A_NUMBER_AT_LEAST_0 if name == "per_second" else NOT_A_NUMBER_ABOVE_0)
+        if name == "timezone":
+            rule[name] = draw(NOT_A_TIME_ZONE)
+        elif name in QUOTA_TEXTS:
+            rule[name] = draw(st.one_of(UNICODE.filter(lambda text: text not in QUOTA_TEXTS[name]), st.integers()))
+        elif name == "demote_to":
+            rule[name] = draw(st.one_of(UNICODE, st.integers()))
+        else:
+            rule[name] = draw(NOT_A_NUMBER_AT_LEAST_0 if name == "per_second" else NOT_A_NUMBER_ABOVE_0)
     elif slot == "type":
         rule["type"] = draw(st.one_of(UNICODE.filter(lambda t: t not in VALID_RULES), st.integers(), st.none()))
     elif slot == "unknown":

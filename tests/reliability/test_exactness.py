@@ -1,10 +1,13 @@
 """Exactness under every algorithm: 4 processes send 200 requests at the same moment at one
 key whose rule admits 50, and exactly 50 are admitted, whatever the rule type. Then the same
 across a Redis restart: what was taken before the restart stays taken when Redis keeps an
-append-only file (`appendfsync everysec`), and is forgotten when it keeps nothing.
+append-only file (`appendfsync everysec`), and is forgotten when it keeps nothing. Then a
+quota spent by reservations settled above and below their estimates, and credits topped up
+while they are spent, from 4 processes on Redis and on the 3-primary cluster: the quota ends
+exactly spent.
 
 Every rule is set so that nothing comes back during the test (no refill, hour-long windows
-and leases), so the limit is a count, not a rate.
+and leases, credits or a month's quota), so the limit is a count, not a rate.
 """
 
 import time
@@ -12,9 +15,11 @@ import time
 import pytest
 
 from core import RULES, HierarchicalLimiter
+from core.periods import period_bounds
+from core.stores import store_from_url
 from core.stores.redis import RedisStore
 
-from .deciders import decide_from_processes
+from .deciders import decide_from_processes, settle_from_processes
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +33,7 @@ RULE_FOR = {
     "sliding_window": {"type": "sliding_window", "limit": LIMIT, "window": HOUR},
     "sliding_window_counter": {"type": "sliding_window_counter", "limit": LIMIT, "window": HOUR},
     "concurrency": {"type": "concurrency", "limit": LIMIT, "lease": HOUR},
+    "quota": {"type": "quota", "limit": LIMIT, "period": "none"},
 }
 TAKEN_BEFORE_RESTART = 30
 
@@ -108,3 +114,49 @@ def test_without_persistence_a_restart_forgets_everything_taken(disposable_redis
     counts = take_restart_and_take_again(disposable_redis, disposable_redis.restart)
     # Each rule starts afresh: 30 + 40 admitted where 50 was the limit.
     assert counts == {t: (TAKEN_BEFORE_RESTART, 40) for t in RULE_FOR}
+
+
+# --- a quota spent by reservations settled above and below their estimates -----------------------
+
+QUOTA = 200
+
+
+def clear_of_a_month_end() -> None:
+    """A month's quota starts again on the 1st: within 30 s of it, wait until it has passed."""
+    left = period_bounds("month", "UTC", time.time())[1] - time.time()
+    if left < 30:
+        time.sleep(left + 0.5)  # waiting out a boundary, not aiming at it
+
+
+@pytest.mark.parametrize("period", ["month", "none"])
+@pytest.mark.parametrize("where", ["redis", "cluster"])
+def test_reservations_settled_above_and_below_their_estimates_spend_a_quota_exactly(request, where, period):
+    clear_of_a_month_end()
+    url = request.getfixturevalue("redis_url" if where == "redis" else "redis_cluster_url")
+    config = {"team": [{"type": "quota", "limit": QUOTA, "period": period}]}
+    keys = {"team": f"acme-{period}"}
+    # Each settlement is above or below its estimate of 4: for the month's quota less in all
+    # (room is left to spend), for credits more (an overspend that the top-ups pay off). The
+    # even threads (52 of 100) top credits up by 2 each while every thread spends.
+    actuals, top_up = ((1.0, 5.0, 7.5), ("team", 0, 2.0)) if period == "none" else ((1.0, 3.0, 5.5), None)
+    totals = settle_from_processes(url, config, keys, 4, 25, estimate=4.0, actuals=actuals, top_up=top_up)
+    # 100 reservations of 4 at once: exactly 50 fit in 200.
+    assert totals["reserved"] == QUOTA // 4
+    store = store_from_url(url, timeout=2.0)
+    try:
+        limiter = HierarchicalLimiter.from_config(config, store=store)
+        used = limiter.inspect("team", keys["team"])[0]["state"]["used"]
+        # Every settlement charged its actual cost, every spend 1, every top-up came off: exactly.
+        assert used == totals["charged"] + totals["spent"] - totals["topped_up"]
+        rest = 0
+        while limiter.acquire(keys).allowed:
+            rest += 1
+        state = limiter.inspect("team", keys["team"])[0]["state"]
+    finally:
+        store.close()
+    print(f"\n{where}, {period}: {totals}, then {rest} more")
+    if totals["charged"] >= QUOTA and not top_up:
+        assert totals["spent"] == rest == 0 and state["remaining"] == QUOTA - totals["charged"]  # the overspend shows
+    else:  # spent to the last whole unit (a spend is 1), none twice
+        left = state["remaining"]
+        assert 0 <= left < 1 and totals["charged"] + totals["spent"] + rest + left == QUOTA + totals["topped_up"]

@@ -9,7 +9,7 @@ import redis
 
 from core import HierarchicalLimiter, ManualClock
 from core.recorder import DecisionRecorder
-from policies.api.observe import install_decision_recorder, reset_decision_recorder
+from policies.telemetry import install_decision_recorder, reset_decision_recorder
 from tests.api.conftest import clock, load, make_token, memory_engine, policy_doc, token_client  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.django_db

@@ -13,7 +13,8 @@ from django.contrib.contenttypes.models import ContentType
 from django.test import RequestFactory
 from rest_framework.test import APIClient
 
-from policies.models import Tier
+from policies.models import Alert, Tier
+from tests.conftest import free_port
 
 from .conftest import make_token, revoked_token
 from .matrix import CALLERS, MODEL_PREFIX, outcome, read_table, routes, schema_operations
@@ -24,6 +25,15 @@ ROWS = read_table()
 CSRF_SECRET = "MatrixCsrfSecret0123456789abcdef"
 ACME = {"user": "u1", "team": "acme", "global": "*"}
 BUCKET = {"type": "token_bucket", "capacity": 5, "per_second": 1}
+# An alert whose receiver is a loopback port where nothing listens: a test send is refused at
+# once (and answered, as the log keeps it, with a 200).
+ALERT = {
+    "name": "quota-80",
+    "kind": "quota_used",
+    "threshold": 0.8,
+    "url": f"http://127.0.0.1:{free_port()}/",
+    "format": "json",
+}
 
 # A URL to ask for each route with parameters (or a query it needs to be a valid request).
 SAMPLE_URLS = {
@@ -37,6 +47,9 @@ SAMPLE_URLS = {
     "/api/v1/tenants/<path:key>/usage": "/api/v1/tenants/acme/usage",
     "/api/v1/levels/<str:name>": "/api/v1/levels/user",
     "/api/v1/priorities/<str:name>": "/api/v1/priorities/batch",
+    "/api/v1/alerts/<str:name>": "/api/v1/alerts/quota-80",
+    "/api/v1/alerts/<str:name>/deliveries": "/api/v1/alerts/quota-80/deliveries",
+    "/api/v1/alerts/<str:name>/test": "/api/v1/alerts/quota-80/test",
     "/admin/dashboard/buckets/": "/admin/dashboard/buckets/?level=team&key=acme",
     "/admin/dashboard/dry-run/": "/admin/dashboard/dry-run/?level=team&key=acme&cost=1",
     "/admin/dashboard/reset/": "/admin/dashboard/reset/?level=team&key=acme",
@@ -93,6 +106,10 @@ BODIES = {
     ("PATCH", "/api/v1/priorities/<str:name>"): {"watermark": 0.3, "version": 1},
     ("POST", "/api/v1/whatif"): {"policy": {"tiers": {"pro": {"team": [BUCKET]}}}, "window": "1h"},
     ("PUT", "/api/v1/settings"): {"default_tier": "pro"},
+    ("POST", "/api/v1/alerts"): {**ALERT, "name": "quota-90", "threshold": 0.9, "secret": "s"},
+    ("PUT", "/api/v1/alerts/<str:name>"): {**ALERT, "threshold": 0.9, "window": None, "enabled": True, "version": 1},
+    ("PATCH", "/api/v1/alerts/<str:name>"): {"threshold": 0.9, "version": 1},
+    ("POST", "/api/v1/alerts/<str:name>/test"): {},
     ("PATCH", "/api/v1/settings"): {"default_tier": "pro"},
     # The admin's forms: a real reset; the others post nothing and show their form again.
     ("POST", "/admin/dashboard/reset/"): {"level": "team", "key": "acme"},
@@ -131,6 +148,7 @@ def world(loaded, operator, member):
     AccessAttempt.objects.create(**seen, get_data="", post_data="", failures_since_start=1)
     AccessLog.objects.create(**seen)
     AccessFailureLog.objects.create(**seen)
+    Alert.objects.create(**ALERT, secret="s")
     return {"operator": operator, "member": member}
 
 

@@ -1,19 +1,22 @@
 -- One decision, atomically: phase 1 asks every rule whether the cost fits, phase 2 takes
 -- from all of them or from none. The same two phases as core/twophase.py.
 -- KEYS: one state key per check; in 'reserve' and 'settle' mode, then the reservation's record.
--- ARGV[1]: "now cost lease mode" then, per check, "rule floor counts-requests shadow args",
+-- ARGV[1]: "now cost lease mode" then, per check, "rule floor counts-requests enforcement args",
 --   all space-separated, args the rule's own numbers joined by commas (its twin's `args`,
---   core/twins.py). now is '-' for this server's TIME, lease '-' for none, mode 'decide',
---   'release', 'reserve' or 'settle' (where cost is the actual cost, '-' to cancel). One
---   argument rather than several per check: every argument costs the client more to encode
---   than the server spends parsing it here.
+--   then any numbers of the call's time, its `per_call`: core/twins.py). enforcement is '0'
+--   (enforced), '1' (shadow) or '2' (soft: never denies, named when it goes over). now is '-'
+--   for this server's TIME, lease '-' for none, mode 'decide', 'release', 'reserve', 'settle'
+--   (where cost is the actual cost, '-' to cancel) or 'adjust' (cost the difference to charge,
+--   below zero to give back: a top-up). One argument rather than several per check: every
+--   argument costs the client more to encode than the server spends parsing it here.
 -- 'reserve' also takes ARGV[2], when the reservation expires, and ARGV[3...], its record's
 --   fields and values, written when the decision takes.
 -- Returns, for 'decide' and 'reserve': the room left, as a bare string, when every rule
---   took and no shadow rule would deny (the common answer, the cheapest to send and read);
---   else {blocker (-1 when allowed), wait, remaining, {shadow checks that would deny}}.
+--   took, no shadow rule would deny and no soft rule went over (the common answer, the
+--   cheapest to send and read); else {blocker (-1 when allowed), wait, remaining, {shadow
+--   checks that would deny}, {soft checks taken past their limit}}.
 --   'release' returns {slots released}; 'settle' returns {'ok', slots released, delta},
---   {'missing'} or {'settled', status}.
+--   {'missing'} or {'settled', status}; 'adjust' returns every check's balance after.
 --
 -- A rule's Lua registers a table as RULES['<its file's stem>'], with, `...` standing for its
 -- args:
@@ -22,7 +25,8 @@
 --   remaining(state, now, ...) -> room now
 --   save(key, new state, now, cost, lease, ...): write what attempt returned
 -- and, if it has them: adjust(key, now, delta, taken_at, ...) (a settled reservation's
--- difference), release(key, now, lease) -> slots freed, shorten_lease(key, lease, by).
+-- difference), release(key, now, lease) -> slots freed, shorten_lease(key, lease, by),
+-- balance(state, now, ...) -> what is left, below zero in debt (default: remaining).
 
 -- The checks of a spec, parsed once: loaded as a function library (FUNCTION LOAD), these
 -- locals live from one call to the next, so a plan seen before costs one table look-up.
@@ -32,11 +36,11 @@ local plans, plan_count, MAX_PLANS = {}, 0, 1000
 
 local function parse_checks(spec)
   local checks = {}
-  for kind, floor, per_request, shadow, numbers in string.gmatch(spec, ' (%S+) (%S+) (%S+) (%S+) (%S+)') do
+  for kind, floor, per_request, enforcement, numbers in string.gmatch(spec, ' (%S+) (%S+) (%S+) (%S+) (%S+)') do
     local args = {}
     for number in string.gmatch(numbers, '[^,]+') do args[#args + 1] = tonumber(number) end
-    checks[#checks + 1] = {rule = RULES[kind], floor = tonumber(floor),
-                           per_request = per_request == '1', shadow = shadow == '1', args = args}
+    checks[#checks + 1] = {rule = RULES[kind], floor = tonumber(floor), per_request = per_request == '1',
+                           shadow = enforcement == '1', soft = enforcement == '2', args = args}
   end
   return checks
 end
@@ -73,6 +77,17 @@ local function decide(KEYS, ARGV)
 
   if mode == 'release' then
     return {release_all(checks, KEYS, now, lease)}
+  end
+
+  if mode == 'adjust' then
+    -- Outside any reservation (a top-up): every rule adjusted by the difference, now.
+    local balances = {}
+    for i, check in ipairs(checks) do
+      local rule = check.rule
+      if rule.adjust then rule.adjust(KEYS[i], now, cost, now, unpack(check.args)) end
+      balances[i] = number((rule.balance or rule.remaining)(rule.load(KEYS[i]), now, unpack(check.args)))
+    end
+    return balances
   end
 
   if mode == 'settle' then
@@ -126,11 +141,16 @@ local function decide(KEYS, ARGV)
     return {blocker, number(worst), number(room), shadows}
   end
 
-  local remaining = INFINITY
+  local remaining, over = INFINITY, {}
   for i, check in ipairs(checks) do
     if amounts[i] then  -- a shadow rule that would deny takes nothing, as if it were enforced
       check.rule.save(KEYS[i], taken[i], now, amounts[i], lease, unpack(check.args))
-      if not check.shadow and left[i] < remaining then remaining = left[i] end
+      if check.soft then
+        -- Never in the way, so not in `remaining`; named when this took it past its limit.
+        if left[i] < -EPSILON then over[#over + 1] = i - 1 end
+      elseif not check.shadow and left[i] < remaining then
+        remaining = left[i]
+      end
     end
   end
 
@@ -146,6 +166,6 @@ local function decide(KEYS, ARGV)
     for _, i in ipairs(shadows) do redis.call('HSET', record, 'untaken:' .. KEYS[i + 1], '1') end
     redis.call('PEXPIRE', record, ttl_ms(expires_at - now))
   end
-  if #shadows == 0 then return number(remaining) end
-  return {-1, '0', number(remaining), shadows}
+  if #shadows == 0 and #over == 0 then return number(remaining) end
+  return {-1, '0', number(remaining), shadows, over}
 end

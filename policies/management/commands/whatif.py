@@ -4,10 +4,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from core import ConfigError, StoreUnavailable
-from policies.api.errors import APIError
-from policies.api.inspection import parse_window
 from policies.policyfile import read_file, refusal
-from policies.whatif import MAX_TOP_TENANTS, TOP_TENANTS, what_if, what_if_table
+from policies.services.errors import Busy, Invalid
+from policies.services.usage import parse_window
+from policies.services.whatif import MAX_TOP_TENANTS, TOP_TENANTS, what_if, what_if_table
 
 
 class Command(BaseCommand):
@@ -26,8 +26,8 @@ class Command(BaseCommand):
     def handle(self, *args, file, window, top, **options):
         try:
             seconds = parse_window(window)
-        except APIError as error:
-            raise CommandError(f"--window {error.message.split(': ', 1)[-1]}") from None
+        except Invalid as error:
+            raise CommandError(f"--window {error.reason}") from None
         if not 1 <= top <= MAX_TOP_TENANTS:
             raise CommandError(f"--top must be from 1 to {MAX_TOP_TENANTS}")
         try:
@@ -38,4 +38,6 @@ class Command(BaseCommand):
             raise CommandError(f"the policy database is unreachable: {error}") from None
         except StoreUnavailable as error:
             raise CommandError(f"the recorded requests cannot be read: {error}") from None
+        except Busy as error:
+            raise CommandError(str(error)) from None
         self.stdout.write(what_if_table(report))

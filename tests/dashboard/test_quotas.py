@@ -1,0 +1,75 @@
+"""The tenant page's quotas: used against the limit (the warning colour from 80 %, the error
+colour when spent), when the period resets in the quota's own time zone, when it runs out, a
+burn-down of the period, and a top-up of credits logged under the operator's name."""
+
+import re
+
+import pytest
+from django.contrib.admin.models import LogEntry
+
+from policies.models import CreditTopUp
+from tests.dashboard.conftest import DASHBOARD, decide, page, text
+
+TEAM = {"team": "acme", "global": "*"}
+DAILY = {"type": "quota", "limit": 1000, "period": "day", "timezone": "Europe/Berlin", "label": "DAILY"}
+CREDITS = {"type": "quota", "limit": 5000, "period": "none", "label": "CREDITS"}
+CREDITS_URL = DASHBOARD + "credits/"
+
+
+@pytest.fixture
+def quotas(engine, load, policy_doc):
+    policy_doc["tiers"]["pro"]["team"] = [*policy_doc["tiers"]["pro"]["team"], DAILY, CREDITS]
+    load(policy_doc)
+    return engine
+
+
+def quota_block(html, label):
+    """The quotas section's block of the quota labelled `label`."""
+    section = html[html.index('id="tenant-quotas"') : html.index('id="buckets"')]
+    blocks = section.split('<div class="quota quota-')[1:]
+    [block] = [b for b in blocks if f'<span class="label">{label}</span>' in b]
+    return "quota-" + block
+
+
+def test_a_quota_shows_used_against_its_limit_and_when_it_resets_in_its_time_zone(quotas, decide_client, console):
+    decide(decide_client, TEAM, 300)
+    block = quota_block(page(console, f"{DASHBOARD}tenants/acme/"), "DAILY")
+    assert "quota-ok" in block
+    assert "300 of 1000 used (30 %), 700 left." in text(block)
+    assert re.search(r"Resets \d{4}-\d\d-\d\d 00:00 CES?T", text(block)), text(block)
+
+
+def test_a_quota_past_80_percent_is_drawn_in_the_warning_colour_and_a_spent_one_as_spent(
+    quotas, decide_client, console
+):
+    decide(decide_client, TEAM, 450)
+    decide(decide_client, TEAM, 400)
+    assert "quota-warning" in quota_block(page(console, f"{DASHBOARD}tenants/acme/"), "DAILY")
+    decide(decide_client, TEAM, 150)  # 1000 of 1000
+    assert "quota-spent" in quota_block(page(console, f"{DASHBOARD}tenants/acme/"), "DAILY")
+
+
+def test_credits_are_topped_up_from_the_page_and_the_top_up_is_logged(quotas, decide_client, console, operator):
+    decide(decide_client, TEAM, 400)
+    html = page(console, f"{DASHBOARD}tenants/acme/")
+    form = quota_block(html, "CREDITS")
+    position = re.search(r'name="position" value="(\d+)"', form).group(1)
+    answer = console.post(CREDITS_URL, {"key": "acme", "level": "team", "position": position, "add": "250"})
+    assert answer.status_code == 302 and answer["Location"].endswith("/tenants/acme/#tenant-quotas")
+    after = page(console, f"{DASHBOARD}tenants/acme/")
+    assert "balance is 4850" in after
+    assert "4850 left" in text(quota_block(after, "CREDITS"))  # 400 spent of 5000, then 250 more
+    record = CreditTopUp.objects.get()
+    assert (record.amount, record.balance, record.user) == (250, 4850, operator)
+    assert LogEntry.objects.filter(change_message__contains="added 250 credits").exists()
+
+
+@pytest.mark.parametrize("add", ["0", "-5", "lots"])
+def test_a_bad_top_up_adds_nothing_and_says_why(quotas, console, add):
+    answer = console.post(CREDITS_URL, {"key": "acme", "level": "team", "position": "2", "add": add}, follow=True)
+    assert "No credits were added" in answer.content.decode()
+    assert not CreditTopUp.objects.exists()
+
+
+def test_a_tenant_without_quotas_shows_no_quota_section(api, console):
+    assert 'id="tenant-quotas"' not in page(console, f"{DASHBOARD}tenants/acme/")
