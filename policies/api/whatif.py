@@ -35,7 +35,8 @@ class WhatIfView(APIView):
         "latest 200,000) twice, each from full buckets at the window's start: under the current policy "
         "and under the draft laid over it. Per tenant (most newly denied first), in all, and over time. "
         "Nothing is saved. A bad draft is refused as `loadpolicies` refuses a file, at its path under "
-        "`policy` (409 when a rule repeats another). An empty window answers zeros.",
+        "`policy` (409 when a rule repeats another, or the draft leaves a stored tier no rule). An empty "
+        "window answers zeros.",
     )
     def post(self, request):
         draft, window, top = parse_what_if(request.data)

@@ -44,6 +44,7 @@ from core import ConfigError, HierarchicalLimiter
 from core.replay import Comparison, TenantImpact
 
 from ..compile import read_policy
+from ..invariants import PolicyConflict
 from ..policy import TENANT_LEVEL, Policy
 from ..policyfile import TOP_LEVEL_FIELDS, check_document, check_levels, document_policy, export_policy
 from ..replay_child import Job
@@ -119,6 +120,9 @@ def _merge_named(section: str, current: Mapping[str, Any], drafted: Mapping[Any,
         old = out.get(name)
         if section == "tiers" and isinstance(old, Mapping) and isinstance(spec, Mapping):
             out[name] = {**old, **spec}
+            if not any(out[name].values()):
+                # Whether a draft empties a tier depends on the levels stored: a conflict (409).
+                raise PolicyConflict("a tier needs at least one rule: the draft leaves it none", f"tiers.{name}")
         elif section == "tenants" and isinstance(old, Mapping) and (spec is None or isinstance(spec, Mapping)):
             spec = spec or {}
             tenant = {**old, **spec}

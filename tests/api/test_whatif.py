@@ -90,6 +90,8 @@ def test_an_empty_window_answers_zeros(recorder, admin_api_client):
             409,
             "policy.tiers.pro.global[0]",
         ),  # fmt: skip
+        ({"policy": {"tiers": {"pro": {"user": [], "team": [], "global": []}}}}, 409, "policy.tiers.pro"),
+        ({"policy": {"tiers": {"new": {"user": []}}}}, 400, "policy.tiers.new"),
         ({"policy": {}, "window": "2d"}, 400, "window"),
         ({"policy": {}, "top": 0}, 400, "top"),
         ({"policy": {}, "tenants": 1}, 400, "tenants"),
