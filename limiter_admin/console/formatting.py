@@ -41,7 +41,8 @@ def local_time(epoch: float) -> datetime:
 
 
 def duration(seconds: float | None, never: str = "never", zero: str = "0 s") -> str:
-    """`2.5 s`, `3 min 20 s`, `1 h 5 min`; None or infinity is `never`."""
+    """`2.5 s`, `3 min 20 s`, `1 h 5 min`, `28 d 9 h` (from two days on); None or infinity is
+    `never`."""
     if seconds is None or not math.isfinite(seconds):
         return never
     if seconds <= 0:
@@ -52,6 +53,9 @@ def duration(seconds: float | None, never: str = "never", zero: str = "0 s") -> 
     if minutes < 60:
         return f"{minutes} min {secs} s" if secs else f"{minutes} min"
     hours, minutes = divmod(minutes, 60)
+    if hours >= 48:
+        days, hours = divmod(hours, 24)
+        return f"{days} d {hours} h" if hours else f"{days} d"
     return f"{hours} h {minutes} min" if minutes else f"{hours} h"
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from core import StoreUnavailable
+from policies.compile import policy_cache
 from policies.models import Level, PriorityClass, Tenant
 from policies.policy import TENANT_LEVEL
 from policies.services.health import store_health
@@ -19,6 +20,7 @@ from policies.services.inputs import MAX_KEY_LENGTH
 from policies.services.usage import blocked_report, parse_window, seen_users
 
 from .formatting import bucket_url, change_url, duration, local_time, percent, rule_colour, tenant_url, three_figures
+from .quotas import near_quota_context
 
 # The windows an operator picks from: label, and the chart's step (seconds per bar).
 WINDOWS = {"5m": ("5 min", 60), "1h": ("1 h", 60), "24h": ("24 h", 900)}
@@ -76,6 +78,7 @@ def throttled_context(reports: dict, window: str, policy) -> dict:
         "chart": blocked_chart(report, WINDOWS[window][1]),
         "step_text": duration(WINDOWS[window][1]),
         "tenants": _top_tenants(report["top_tenants"]),
+        "near_quota": near_quota_context(policy_cache().clock()),
         "top": _top_keys(report["top_keys"], policy.levels),
     }
 

@@ -15,13 +15,15 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from core import StoreUnavailable
+from policies.services.alerts import tenants_near_quota
 from policies.services.quotas import tenant_quotas
 from policies.services.usage import USAGE_HOURS, USAGE_MINUTES, usage_series
 
-from .formatting import duration, percent, two_decimals
+from .formatting import duration, percent, tenant_url, two_decimals
 
 # At or above these shares of its limit a quota is drawn as nearly spent, then spent.
 WARN, SPENT = 80.0, 100.0
+NEAR_SHOWN = 10  # tenants listed on the dashboard as close to their quota
 
 
 def quota_context(key: str, now: float) -> dict[str, Any]:
@@ -84,4 +86,34 @@ def _burn_down(key: str, quota: dict[str, Any], zone: ZoneInfo) -> dict[str, Any
         "labels": labels,
         "datasets": [{"label": "left of the limit", "data": data, "colour": "hsl(210, 60%, 45%)"}],
         "y": "cost units",
+    }
+
+
+def near_quota_context(now: float) -> dict[str, Any]:
+    """The dashboard's "close to their quota" table: the tenants whose quotas reached WARN
+    percent in their current periods (as the alert rounds last found them, for the tenants
+    with traffic), each with its fullest quota read live; {"rows", "total"}."""
+    tenants, total = tenants_near_quota(now, NEAR_SHOWN)
+    return {"rows": [_near_row(tenant, band, now) for tenant, band in tenants], "total": total}
+
+
+def _near_row(tenant: str, band: int, now: float) -> dict[str, Any]:
+    row: dict[str, Any] = {"tenant": tenant, "tenant_url": tenant_url(tenant), "band": band}
+    try:
+        quotas = tenant_quotas(tenant, now)
+    except StoreUnavailable:
+        return {**row, "unavailable": True}
+    if not quotas:  # its quotas were removed since the band was noted
+        return row
+    fullest = max(quotas, key=lambda quota: percent(quota["used"], quota["limit"]))
+    share = percent(fullest["used"], fullest["limit"])
+    resets = fullest["resets_at"]
+    return {
+        **row,
+        "rule": f"{fullest['level']}: {fullest['rule']}",
+        "used": two_decimals(fullest["used"]),
+        "limit": two_decimals(fullest["limit"]),
+        "share": share,
+        "state": "spent" if share >= SPENT else "warning" if share >= WARN else "ok",
+        "resets_in": duration(resets - now) if resets is not None else None,
     }

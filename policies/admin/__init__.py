@@ -48,7 +48,10 @@ from ..models import (
 )
 
 # Alerts have a module of their own: their page, its delivery log and its test send.
-from . import alerts  # noqa: F401  (registers AlertAdmin)
+from . import (
+    alerts,  # noqa: F401  (registers AlertAdmin)
+    credits,  # noqa: F401  (registers CreditTopUpAdmin)
+)
 from .rule_form import RuleForm
 from .versioned import PolicyAdmin, VersionedAdmin, VersionedForm, refusing
 from .whatif import PreviewImpact

@@ -301,6 +301,14 @@ def count_bands(now: float) -> dict[int, int]:
     return {band: sum(n for b, n in counts.items() if b >= band) for band in QUOTA_BANDS}
 
 
+def tenants_near_quota(now: float, most: int) -> tuple[list[tuple[str, int]], int]:
+    """The tenants at or above the lowest band in their quotas' current periods, highest band
+    first (then by key), at most `most` of them; and how many there are in all."""
+    live = QuotaBand.objects.filter(Q(until__isnull=True) | Q(until__gt=now), band__gt=0)
+    rows = list(live.order_by("-band", "tenant").values_list("tenant", "band")[:most])
+    return rows, live.count()
+
+
 # --- rounds ---------------------------------------------------------------------------------------
 
 

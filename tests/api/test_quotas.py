@@ -168,3 +168,38 @@ def test_a_policy_file_naming_an_unknown_class_in_demote_to_is_refused_at_its_pa
     with pytest.raises(ConfigError) as refused:
         check_document(policy_doc)
     assert refused.value.path == "tiers.pro.team[0].demote_to"
+
+
+def test_quota_rules_go_through_crud_and_read_back_as_written(api, admin_api_client):
+    rules = {
+        "team": [
+            {"type": "quota", "limit": 10_000_000, "period": "month", "timezone": "Asia/Kolkata", "label": "MONTH"},
+            {"type": "quota", "limit": 100_000, "period": "day", "mode": "soft", "demote_to": "batch"},
+            {"type": "quota", "limit": 2_000_000, "period": "none"},
+        ]
+    }
+    response = admin_api_client.post("/api/v1/tiers", {"name": "budget", "rules": rules}, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["rules"] == rules
+    assert admin_api_client.get("/api/v1/tiers/budget").json()["rules"] == rules
+
+
+@pytest.mark.parametrize(
+    "change, field, reason",
+    [
+        ({"timezone": "Mars/Olympus"}, "timezone", "unknown time zone"),
+        ({"timezone": 7}, "timezone", ""),
+        ({"limit": -1}, "limit", ""),
+        ({"period": "fortnight"}, "period", ""),
+        ({"mode": "lenient"}, "mode", ""),
+    ],
+)
+def test_a_bad_quota_is_a_400_naming_its_field_and_nothing_is_saved(api, admin_api_client, change, field, reason):
+    from policies.models import Tier
+
+    rule = {"type": "quota", "limit": 1000, "period": "day", **change}
+    response = admin_api_client.post("/api/v1/tiers", {"name": "budget", "rules": {"team": [rule]}}, format="json")
+    assert response.status_code == 400, response.content
+    [(path, message)] = response.json()["error"]["fields"].items()
+    assert path == f"rules.team.0.{field}" and reason in message, (path, message)
+    assert not Tier.objects.filter(name="budget").exists()

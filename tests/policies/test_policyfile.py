@@ -393,3 +393,49 @@ def test_a_bad_alert_name_or_section_names_its_path(policy):
         with pytest.raises(ConfigError) as caught:
             check_document(policy)
         assert caught.value.path == path
+
+
+# --- quota rules ----------------------------------------------------------------------------------
+
+QUOTAS = {
+    "monthly": {"type": "quota", "limit": 10_000_000, "period": "month", "timezone": "Europe/Berlin", "label": "MONTH"},
+    "daily_soft": {"type": "quota", "limit": 100_000, "period": "day", "mode": "soft", "demote_to": "batch"},
+    "credits": {"type": "quota", "limit": 2_000_000, "period": "none"},
+    "weekly": {"type": "quota", "limit": 500, "period": "week", "timezone": "America/Sao_Paulo", "shadow": True},
+}
+
+
+def test_quota_rules_load_and_export_back_byte_for_byte(tmp_path, policy, commits):
+    policy["tiers"]["pro"]["team"] = [*policy["tiers"]["pro"]["team"], QUOTAS["monthly"], QUOTAS["daily_soft"]]
+    policy["tiers"]["free"]["user"] = [*policy["tiers"]["free"]["user"], QUOTAS["weekly"]]
+    policy["tenants"]["bigco"]["overrides"]["team"] = [QUOTAS["credits"]]
+    load_file(write(tmp_path, policy), commits)
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    call_command("exportpolicies", str(first), stdout=io.StringIO())
+    exported = yaml.safe_load(first.read_text())
+    assert exported["tiers"]["pro"]["team"][1:] == [QUOTAS["monthly"], QUOTAS["daily_soft"]]
+    assert exported["tiers"]["free"]["user"][1:] == [QUOTAS["weekly"]]
+    assert exported["tenants"]["bigco"]["overrides"]["team"] == [QUOTAS["credits"]]
+    rules = sorted(Rule.objects.filter(type="quota").values_list("params", flat=True), key=json.dumps)
+    assert len(rules) == 4
+    load_file(first, commits)
+    call_command("exportpolicies", str(second), stdout=io.StringIO())
+    assert second.read_bytes() == first.read_bytes()
+    assert sorted(Rule.objects.filter(type="quota").values_list("params", flat=True), key=json.dumps) == rules
+
+
+@pytest.mark.parametrize(
+    "spec, path, reason",
+    [
+        ({"timezone": "Mars/Olympus"}, "tiers.pro.team[1].timezone", "unknown time zone 'Mars/Olympus'"),
+        ({"limit": -5}, "tiers.pro.team[1].limit", ""),
+        ({"period": "fortnight"}, "tiers.pro.team[1].period", ""),
+        ({"mode": "soft", "demote_to": "background"}, "tiers.pro.team[1].demote_to", "background"),
+    ],
+)
+def test_a_bad_quota_is_refused_naming_its_field_and_nothing_is_loaded(tmp_path, policy, commits, spec, path, reason):
+    policy["tiers"]["pro"]["team"] = [*policy["tiers"]["pro"]["team"], {**QUOTAS["monthly"], **spec}]
+    with pytest.raises(CommandError) as refused:
+        load_file(write(tmp_path, policy), commits)
+    assert path in str(refused.value) and reason in str(refused.value), str(refused.value)
+    assert not Tier.objects.exists() and not Rule.objects.exists()

@@ -297,3 +297,20 @@ def test_the_command_refuses_a_bad_window(policy, tmp_path):
     draft.write_text("{}\n")
     with pytest.raises(CommandError, match="--window must be a duration from 1s to 24h"):
         call_command("whatif", str(draft), "--window", "2d")
+
+
+# --- quotas replay like any rule ------------------------------------------------------------------
+
+
+def test_a_drafted_daily_quota_denies_what_passes_it_and_a_soft_one_denies_nothing(recorded):
+    hard = {"type": "quota", "limit": 15, "period": "day"}
+    report = what_if({"tiers": {"std": {"team": [*bucket(50), hard]}}}, WINDOW)
+    acme = tenant(report, "acme")
+    # The bucket of 50 holds each burst of 30; the day's 15 are spent in the first one.
+    assert (acme["allowed_now"], acme["allowed_draft"]) == (20, 15)
+    assert acme["blocked_by_draft"] == {"team: quota(15/day)": 2 * BURST - 15}
+    assert tenant(report, "beta")["allowed_draft"] == 2 * BETA_BURST  # 6 of its own 15
+    soft = {**hard, "mode": "soft"}
+    report = what_if({"tiers": {"std": {"team": [*bucket(50), soft]}}}, WINDOW)
+    assert tenant(report, "acme")["allowed_draft"] == 2 * BURST
+    assert report["totals"]["blocked_by_draft"] == {}
