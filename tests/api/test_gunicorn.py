@@ -77,3 +77,56 @@ def test_workers_forked_from_one_parent_hand_out_leases_of_their_own(redis_url):
         status, body = service.post(f"/api/v1/leases/{tickets[0]}/release", None)
         assert status == 200 and body["released"] == 1
         assert room() == SLOTS - taken + 1  # one release frees one slot, not another's
+
+
+QUOTA = 200
+QUOTA_POLICY = {
+    "default_tier": "t",
+    "levels": [{"name": "team", "fail_mode": "closed"}],
+    "tiers": {"t": {"team": [{"type": "quota", "limit": QUOTA, "period": "none"}]}},
+}
+
+
+def test_four_workers_spend_a_quota_exactly_with_reservations_settled_above_and_below(redis_url):
+    """Issue 21: 4 workers, 120 reservations of 4 at once against 200 credits: 50 fit. Each is
+    settled at 1, 3 or 7.5 (below and above its estimate); then plain decisions of 1 spend
+    what is left. In all exactly the limit is spent, or the overspend that settlements above
+    the estimate left shows, and nothing is taken past it."""
+    from tests.serving import Service
+
+    extra = {"LIMITER_STORE_TIMEOUT": "1.0"}
+    keys = {"team": "acme"}
+    with Service(QUOTA_POLICY, redis_url=redis_url, workers=4, extra_env=extra) as service:
+        assert len(service.worker_pids()) == 4
+
+        def reserve_and_settle(i):
+            status, body = service.post("/api/v1/reservations", {"keys": keys, "cost": 4})
+            if not body["allowed"]:
+                return status, 0.0
+            actual = (1.0, 3.0, 7.5)[i % 3]
+            settled, _ = service.post(f"/api/v1/reservations/{body['id']}/commit", {"actual_cost": actual})
+            assert settled == 200
+            return status, actual
+
+        with ThreadPoolExecutor(max_workers=24) as pool:
+            answers = list(pool.map(reserve_and_settle, range(120)))
+        assert {status for status, _ in answers} <= {200, 201}
+        charged = sum(actual for _, actual in answers)
+        reserved = sum(1 for status, _ in answers if status == 201)
+
+        def spend(_):
+            status, body = service.post("/api/v1/decisions", {"keys": keys})
+            assert status == 200 and body["degraded"] is False
+            return body["allowed"]
+
+        with ThreadPoolExecutor(max_workers=24) as pool:
+            spent = sum(pool.map(spend, range(QUOTA)))
+        status, body = service.post("/api/v1/decisions", {"keys": keys, "dry_run": True})
+    assert reserved >= QUOTA // 4  # at least the first 50 fit (settlements below free room for more)
+    assert status == 200 and body["allowed"] is False
+    left = QUOTA - charged - spent
+    assert body["remaining"] == pytest.approx(max(left, 0.0))  # what the workers charged, exactly
+    if charged >= QUOTA:
+        assert spent == 0  # the overspend shows: nothing more is allowed
+    else:  # every unit spent once: a spend of 1 no longer fits in what is left
+        assert 0 <= left < 1, (charged, spent)
