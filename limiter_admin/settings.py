@@ -36,24 +36,26 @@ INSTALLED_APPS = [
     "policies",
 ]
 
+# The console's own middleware is wrapped by limiter_admin.console_only: a gateway's call
+# (a gateway path with a Bearer token, or no cookie) passes it by; the console keeps it all.
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # A DatabaseError in a page is a 503 with Retry-After, not a 500 (docs/OPERATIONS.md).
     "limiter_admin.middleware.DatabaseUnavailableMiddleware",
     # Right after SecurityMiddleware, as whitenoise asks: static files skip the rest.
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "limiter_admin.console_only.WhiteNoiseMiddleware",
     # The gateways first: console requests past LIMITER_CONSOLE_CONCURRENCY get 503 at once.
     "limiter_admin.admission.ConsoleAdmission",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    "limiter_admin.console_only.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "limiter_admin.console_only.CsrfViewMiddleware",
+    "limiter_admin.console_only.AuthenticationMiddleware",
+    "limiter_admin.console_only.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Records which operator made each change in the policy history.
-    "simple_history.middleware.HistoryRequestMiddleware",
+    "limiter_admin.console_only.HistoryRequestMiddleware",
     # Last, as django-axes asks: it turns a locked-out login into its lockout answer.
-    "axes.middleware.AxesMiddleware",
+    "limiter_admin.console_only.AxesMiddleware",
 ]
 
 # django-axes' backend first: it refuses a locked-out login before the password is checked.

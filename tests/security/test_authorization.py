@@ -13,7 +13,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.test import RequestFactory
 from rest_framework.test import APIClient
 
-from policies.models import Alert, Tier
+from policies.models import Alert, CreditTopUp, Tier
 from tests.conftest import free_port
 
 from .conftest import make_token, revoked_token
@@ -45,6 +45,8 @@ SAMPLE_URLS = {
     "/api/v1/tiers/<str:name>": "/api/v1/tiers/pro",
     "/api/v1/tenants/<path:key>": "/api/v1/tenants/acme",
     "/api/v1/tenants/<path:key>/usage": "/api/v1/tenants/acme/usage",
+    "/api/v1/tenants/<path:key>/quotas": "/api/v1/tenants/acme/quotas",
+    "/api/v1/tenants/<path:key>/credits": "/api/v1/tenants/prepaid/credits",
     "/api/v1/levels/<str:name>": "/api/v1/levels/user",
     "/api/v1/priorities/<str:name>": "/api/v1/priorities/batch",
     "/api/v1/alerts/<str:name>": "/api/v1/alerts/quota-80",
@@ -63,8 +65,12 @@ SAMPLE_URLS = {
     "/admin/<url>": "/admin/no-such-page/",
 }
 
+# prepaid's balance of credits, so that a top-up is a valid request.
+CREDITS = {"type": "quota", "limit": 1_000_000_000, "period": "none", "label": "CREDITS"}
+
 # What each call sends: valid requests, so that `yes` means the call was really served.
 BODIES = {
+    ("POST", "/api/v1/tenants/<path:key>/credits"): {"level": "team", "rule": "CREDITS", "add": 5},
     ("POST", "/api/v1/decisions"): {"keys": ACME},
     ("POST", "/api/v1/decisions/batch"): {"requests": [{"keys": ACME}, {"keys": ACME, "cost": 2}]},
     ("POST", "/api/v1/reservations"): {"keys": ACME, "cost": 1},
@@ -121,6 +127,7 @@ BODIES = {
         "hours": 1,
         "version": 1,
     },
+    ("POST", "/admin/dashboard/credits/"): {"key": "prepaid", "level": "team", "position": 0, "add": 5},
 }
 # Where the table says `yes`, the API serves these requests with a 2xx, but for samples that
 # name a reservation that does not exist, or a row still in use.
@@ -134,8 +141,11 @@ SERVED_OTHERWISE = {
 
 
 @pytest.fixture
-def world(loaded, operator, member):
-    """SPEC.md's policy, an operator, a member, and a row of every model the admin shows."""
+def world(loaded, load, policy_doc, operator, member):
+    """SPEC.md's policy (and prepaid, a tenant with a balance of credits), an operator, a
+    member, and a row of every model the admin shows."""
+    policy_doc["tenants"]["prepaid"] = {"tier": "pro", "overrides": {"team": [CREDITS]}}
+    load(policy_doc)
     Group.objects.create(name="operators")
     make_token("decide", "edge-gateway")
     seen = {
@@ -149,6 +159,7 @@ def world(loaded, operator, member):
     AccessLog.objects.create(**seen)
     AccessFailureLog.objects.create(**seen)
     Alert.objects.create(**ALERT, secret="s")
+    CreditTopUp.objects.create(tenant_key="acme", level="team", rule="quota(5 credits)", amount=5, by="op")
     return {"operator": operator, "member": member}
 
 
