@@ -30,22 +30,26 @@ K = TypeVar("K", bound=Key)
 
 
 class Counts:
-    """Decisions, denials and shadow denials, by blocked_by and by shadow rule."""
+    """Decisions, denials, shadow denials and decisions let go over a soft quota, by
+    blocked_by, by shadow rule and by soft quota."""
 
-    __slots__ = ("decisions", "denied", "shadow", "blocked", "shadow_by")
+    __slots__ = ("decisions", "denied", "shadow", "over_quota", "blocked", "shadow_by", "over_quota_by")
 
     def __init__(self) -> None:
-        self.decisions = self.denied = self.shadow = 0
+        self.decisions = self.denied = self.shadow = self.over_quota = 0
         self.blocked: dict[str, int] = {}
         self.shadow_by: dict[str, int] = {}
+        self.over_quota_by: dict[str, int] = {}
 
     def add_counts(self, other: Counts) -> None:
-        """Add `other`'s decisions, denials and shadow denials in."""
+        """Add `other`'s decisions, denials, shadow denials and over-quota decisions in."""
         self.decisions += other.decisions
         self.denied += other.denied
         self.shadow += other.shadow
+        self.over_quota += other.over_quota
         add_into(self.blocked, other.blocked)
         add_into(self.shadow_by, other.shadow_by)
+        add_into(self.over_quota_by, other.over_quota_by)
 
     def count_shadow(self, names: Iterable[str]) -> None:
         """One decision that the shadow rules `names` would have denied."""
@@ -53,6 +57,13 @@ class Counts:
         shadow_by = self.shadow_by
         for name in names:
             shadow_by[name] = shadow_by.get(name, 0) + 1
+
+    def count_over_quota(self, names: Iterable[str]) -> None:
+        """One decision let go past (or further past) the soft quotas `names`."""
+        self.over_quota += 1
+        over_quota_by = self.over_quota_by
+        for name in names:
+            over_quota_by[name] = over_quota_by.get(name, 0) + 1
 
 
 class TenantCounts(Counts):
@@ -81,8 +92,8 @@ class TenantCounts(Counts):
 
 
 class MinuteCounts(Counts):
-    """One minute's counts: totals, by blocked_by and shadow rule, denied keys and tenants,
-    and each tenant's own."""
+    """One minute's counts: totals, by blocked_by, shadow rule and soft quota, denied keys
+    and tenants, and each tenant's own."""
 
     __slots__ = ("keys", "tenants_denied", "tenants")
 
@@ -125,8 +136,9 @@ class Tally:
         self._level_of: dict[str, str] = {}  # blocked_by -> its level, worked out once
 
     def count(self, counts: MinuteCounts, keys: Mapping[str, str], decision: Decision, cost: float) -> None:
-        """Count one decision: for its tenant and user, and for a denial its blocked_by and
-        the key at the blocking level; `cost` counts as taken when it was allowed."""
+        """Count one decision: for its tenant and user, for a denial its blocked_by and the
+        key at the blocking level, and its shadow rules and soft quotas gone over; `cost`
+        counts as taken when it was allowed."""
         counts.decisions += 1
         team = keys.get(self.tenant_level)
         tenant: TenantCounts | None = None
@@ -147,6 +159,10 @@ class Tally:
             counts.count_shadow(decision.shadow_blocked)
             if tenant is not None:
                 tenant.count_shadow(decision.shadow_blocked)
+        if decision.over_quota:
+            counts.count_over_quota(decision.over_quota)
+            if tenant is not None:
+                tenant.count_over_quota(decision.over_quota)
 
     def _new_tenant(self, counts: MinuteCounts, team: str) -> TenantCounts | None:
         if len(counts.tenants) >= MAX_TENANTS:

@@ -33,12 +33,13 @@ log = logging.getLogger("core.stats")
 
 
 class DenialStats(Flushable):
-    """Decisions, denials and shadow denials by rule, the most denied tenants and keys, and
-    every tenant's traffic over time. `client` is a redis-py client shared by every worker,
-    or None for this process alone. `tier_of(tenant)` names the tier a tenant resolves to
-    (asked when a flush sends its counts, off the decision's path). `on_flush(tenants)` is
-    told, after each flush that sent counts, the tenants (team keys) they were of: in the
-    flushing thread, so it should only take note (alerts are evaluated from it)."""
+    """Decisions, denials, shadow denials and decisions over a soft quota by rule, the most
+    denied tenants and keys, and every tenant's traffic over time. `client` is a redis-py
+    client shared by every worker, or None for this process alone. `tier_of(tenant)` names
+    the tier a tenant resolves to (asked when a flush sends its counts, off the decision's
+    path). `on_flush(tenants)` is told, after each flush that sent counts, the tenants (team
+    keys) they were of: in the flushing thread, so it should only take note (alerts are
+    evaluated from it)."""
 
     on_store_error = KEEP
     what = "denial statistics"
@@ -240,10 +241,10 @@ class DenialStats(Flushable):
         return self._reader.report(window, top, step, self.clock())
 
     def usage(self, tenant: str, window: float, step: int = MINUTE, top: int = 10) -> dict[str, Any]:
-        """One tenant's decisions, allowed, denied, shadow-denied and cost per `step` (60 or
-        3600 s) over the last `window` seconds; its blocked_by and shadow rules and most
-        throttled users over the whole hours the window touches (`breakdown_since`; users
-        over the last `usage_minutes` of them at most). `has_traffic` is false when nothing
+        """One tenant's decisions, allowed, denied, shadow-denied, over a soft quota and cost
+        per `step` (60 or 3600 s) over the last `window` seconds; its blocked_by, shadow rules,
+        soft quotas gone over and most throttled users over the whole hours the window touches
+        (`breakdown_since`; users over the last `usage_minutes` of them at most). `has_traffic` is false when nothing
         was recorded for it in the window."""
         window, step, top = check_usage(window, step, top, self._bounds)
         self.flush()

@@ -95,7 +95,12 @@ class StatsWriter:
         """Write the counts of `minutes`, and the reservations `opened` and `settled`, in one
         MULTI/EXEC (rules never named before take a round trip or two first)."""
         ids = self.rule_ids(
-            {name for c in minutes.values() for t in c.tenants.values() for name in (*t.blocked, *t.shadow_by)}
+            {
+                name
+                for c in minutes.values()
+                for t in c.tenants.values()
+                for name in (*t.blocked, *t.shadow_by, *t.over_quota_by)
+            }
         )
         pipe = self.client.pipeline(transaction=True)
         for minute, counts in minutes.items():
@@ -130,8 +135,8 @@ class StatsWriter:
             _queue_top(pipe, self.keys.top_tenants(span, start), tenants, self.bounds.top_k, expiry)
 
     def _queue_usage(self, pipe: Any, minutes: Mapping[int, MinuteCounts], now: float, ids: Mapping[str, str]) -> None:
-        """Each tenant's minutes (per quarter-hour hash), hours (per day), blocked_by and
-        shadow rules (per day), users (per hour), and the users seen."""
+        """Each tenant's minutes (per quarter-hour hash), hours (per day), blocked_by, shadow
+        rules and soft quotas gone over (per day), users (per hour), and the users seen."""
         hours: dict[tuple[str, int], TenantCounts] = {}
         for minute, counts in minutes.items():
             quarter = floor(minute, QUARTER)
@@ -164,7 +169,7 @@ class StatsWriter:
             tier = self._tier(tenant)
             if tier is not None:
                 pipe.hset(name, TIER, tier)
-            if usage.blocked or usage.shadow_by:
+            if usage.blocked or usage.shadow_by or usage.over_quota_by:
                 queue_breakdown(pipe, self.keys.tenant_breakdown(day, tenant), index, usage, ids, expiry)
         expiry = ttl(hour, HOUR, now, self.bounds.usage_minutes)
         k = self.bounds.user_top_k
@@ -186,10 +191,11 @@ class StatsWriter:
             return None
 
     def rule_ids(self, names: set[str]) -> dict[str, str]:
-        """Short ids for rule names (`blocked_by`, shadow rules), shared by every worker: a
-        tenant's breakdown names a rule by its id (2 or 3 bytes rather than 30 or more: it was
-        most of a tenant's memory). Ids are kept in `rules` (name -> id) and `rule-names`
-        (id -> name), which hold every rule name that ever denied: bounded by the policies."""
+        """Short ids for rule names (`blocked_by`, shadow rules, soft quotas gone over), shared
+        by every worker: a tenant's breakdown names a rule by its id (2 or 3 bytes rather than
+        30 or more: it was most of a tenant's memory). Ids are kept in `rules` (name -> id) and
+        `rule-names` (id -> name), which hold every rule name that ever denied or went over a
+        quota: bounded by the policies."""
         missing = [name for name in names if name not in self._ids]
         if missing:
             pipe = self.client.pipeline(transaction=False)

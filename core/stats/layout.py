@@ -4,22 +4,26 @@ All keys share the `{stats}` hash tag (`P` is `<prefix>:{stats}`), and each expi
 window can read it:
 
     P:m:<minute>            hash   decisions, denied, shadow (decisions a shadow rule would
-                                   have denied), by:<blocked_by>, sh:<shadow rule>
+                                   have denied), over_quota (decisions let go past a soft
+                                   quota), by:<blocked_by>, sh:<shadow rule>, oq:<soft quota>
     P:k:<minute>:<level>    zset   the most denied keys of a level (users as [user, team])
     P:h:<hour>:<level>      zset   the same, per hour (a 24 h report reads 24, not 1,440)
     P:t:<minute>, P:ht:<hour> zset the most denied tenants, denials at any level
     P:um:<quarter>:<tenant> hash   the tenant's minutes: <i>d decisions, <i>x denied,
-                                   <i>s shadow-denied, <i>c cost taken (i: minute 0-14)
+                                   <i>s shadow-denied, <i>o over a soft quota, <i>c cost
+                                   taken (i: minute 0-14)
     P:uh:<day>:<tenant>     hash   its hours, the same fields (i: hour 0-23), and t: its tier
-    P:ub:<day>:<tenant>     hash   <h>b<rule id> (denials) and <h>s<rule id> (shadow) per hour
+    P:ub:<day>:<tenant>     hash   <h>b<rule id> (denials), <h>s<rule id> (shadow) and
+                                   <h>o<rule id> (over a soft quota) per hour
     P:rules, P:rule-names   hash   rule name -> short id, and back (every worker's the same)
     P:uu:<hour>:<tenant>, P:ux:<hour>:<tenant>  zset  its most active and most denied users
     P:seen                  zset   recently seen users ([user, team]), score: when
     P:res                   zset   open reservations, score: when they expire
 
-A tenant's minutes live in one hash per quarter hour (at most 60 fields: Redis's compact
-listpack encoding) and its hours in one per day (at most 97), because a key costs about
-100 bytes of its own: docs/OPERATIONS.md gives the memory bound and its measured figures.
+A tenant's minutes live in one hash per quarter hour (at most 75 fields: Redis's compact
+listpack encoding, which holds up to 128 by default) and its hours in one per day (at most
+121), because a key costs about 100 bytes of its own: docs/OPERATIONS.md gives the memory
+bound and its measured figures.
 Zero counts are not written. One `{stats}` hash tag makes a flush one MULTI/EXEC on one
 node; on Redis Cluster that is one slot for all statistics.
 """
@@ -40,8 +44,11 @@ TTL_SLACK = 60
 # Recently seen users kept for search, most recent first.
 SEEN_USERS = 10_000
 DECISIONS, DENIED, SHADOW, BY, SHADOW_BY = "decisions", "denied", "shadow", "by:", "sh:"
-# A tenant series' fields: decisions, denied, shadow-denied, cost.
-SERIES_FIELDS = {"d": "decisions", "x": "denied", "s": "shadow_denied", "c": "cost"}
+OVER_QUOTA, OVER_QUOTA_BY = "over_quota", "oq:"
+# A tenant series' fields: decisions, denied, shadow-denied, over a soft quota, cost.
+SERIES_FIELDS = {"d": "decisions", "x": "denied", "s": "shadow_denied", "o": "over_quota", "c": "cost"}
+# A tenant breakdown's kinds of rule: blocked_by, shadow rules, soft quotas gone over.
+BREAKDOWN_KINDS = ("b", "s", "o")
 TIER = "t"  # the field of a tenant's day that names its tier
 _TOP_KEYS = {MINUTE: "k", HOUR: "h"}
 _TOP_TENANTS = {MINUTE: "t", HOUR: "ht"}
@@ -156,6 +163,10 @@ def queue_totals(pipe: Any, name: str, counts: Counts, ttl: int) -> None:
         pipe.hincrby(name, BY + blocked_by, n)
     for rule, n in counts.shadow_by.items():
         pipe.hincrby(name, SHADOW_BY + rule, n)
+    if counts.over_quota:
+        pipe.hincrby(name, OVER_QUOTA, counts.over_quota)
+    for rule, n in counts.over_quota_by.items():
+        pipe.hincrby(name, OVER_QUOTA_BY + rule, n)
     pipe.expire(name, ttl)
 
 
@@ -169,10 +180,14 @@ def totals_from(hash_: Mapping[Any, Any]) -> Counts:
             counts.denied = n
         elif field == SHADOW:
             counts.shadow = n
+        elif field == OVER_QUOTA:
+            counts.over_quota = n
         elif field.startswith(BY):
             counts.blocked[field[len(BY) :]] = n
         elif field.startswith(SHADOW_BY):
             counts.shadow_by[field[len(SHADOW_BY) :]] = n
+        elif field.startswith(OVER_QUOTA_BY):
+            counts.over_quota_by[field[len(OVER_QUOTA_BY) :]] = n
     return counts
 
 
@@ -185,6 +200,8 @@ def queue_series(pipe: Any, name: str, index: int, usage: TenantCounts, ttl: int
         pipe.hincrby(name, f"{index}x", usage.denied)
     if usage.shadow:
         pipe.hincrby(name, f"{index}s", usage.shadow)
+    if usage.over_quota:
+        pipe.hincrby(name, f"{index}o", usage.over_quota)
     if usage.cost:
         pipe.hincrbyfloat(name, f"{index}c", usage.cost)
     pipe.expire(name, ttl)
@@ -216,22 +233,24 @@ def queue_breakdown(pipe: Any, name: str, index: int, usage: TenantCounts, ids: 
         pipe.hincrby(name, f"{index}b{ids[blocked_by]}", n)
     for rule, n in usage.shadow_by.items():
         pipe.hincrby(name, f"{index}s{ids[rule]}", n)
+    for rule, n in usage.over_quota_by.items():
+        pipe.hincrby(name, f"{index}o{ids[rule]}", n)
     pipe.expire(name, ttl)
 
 
 def breakdown(
     days: Iterable[tuple[int, Mapping[Any, Any] | None]], since: int, names: Mapping[str, str]
-) -> tuple[dict[str, int], dict[str, int]]:
-    """blocked_by and shadow rules (by their ids' `names`) from the hours at or after `since`."""
-    blocked: dict[str, int] = {}
-    shadow: dict[str, int] = {}
+) -> dict[str, dict[str, int]]:
+    """Each kind of BREAKDOWN_KINDS -> its rules (by their ids' `names`) and counts, from the
+    hours at or after `since`."""
+    found: dict[str, dict[str, int]] = {kind: {} for kind in BREAKDOWN_KINDS}
     for day, hash_ in days:
         for raw, value in (hash_ or {}).items():
             field = text(raw)
             digits = len(field) - len(field.lstrip("0123456789"))
-            if not digits or day + int(field[:digits]) * HOUR < since:
+            into = found.get(field[digits : digits + 1])
+            if not digits or into is None or day + int(field[:digits]) * HOUR < since:
                 continue
-            into = blocked if field[digits : digits + 1] == "b" else shadow
             name = names.get(field[digits + 1 :], field[digits + 1 :])
             into[name] = into.get(name, 0) + int(value)
-    return blocked, shadow
+    return found

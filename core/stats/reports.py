@@ -4,8 +4,8 @@ and keys, a series), a tenant's usage over time, and the users seen recently.
 Top keys, tenants and users are approximate once a bucket (a minute or an hour) held more
 than `top_k` (users: `user_top_k`) of them: a cut loses at most 1/(top_k + 1) of the bucket's
 count, and a count is never too high. A bucket with at most top_k entries is exact. Totals,
-blocked_by, the shadow counts and every tenant's series are exact (at least once: a flush
-whose reply is lost after Redis ran it is sent again).
+blocked_by, the shadow and over-quota counts and every tenant's series are exact (at least
+once: a flush whose reply is lost after Redis ran it is sent again).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class SeriesPoint(TypedDict):
     decisions: int
     denied: int
     shadow_denied: int
+    over_quota: int
     blocked_by: dict[str, int]
 
 
@@ -124,7 +125,8 @@ class StatsReader:
         else:
             found = points(zip(days, hour_hashes), HOUR)
         series = [_usage_point(start, found.get(start, {})) for start in range(first, last + 1, step)]
-        blocked, shadow = breakdown(zip(days, breakdowns), first_hour, names)
+        rules = breakdown(zip(days, breakdowns), first_hour, names)
+        blocked, shadow, over = rules["b"], rules["s"], rules["o"]
         return {
             "tenant": tenant,
             "tier": latest_tier(hour_hashes),
@@ -133,10 +135,11 @@ class StatsReader:
             "since": first,
             "until": now,
             "breakdown_since": first_hour,
-            "has_traffic": any(point["decisions"] for point in series) or bool(blocked or shadow),
+            "has_traffic": any(point["decisions"] for point in series) or bool(blocked or shadow or over),
             "series": series,
             "blocked_by": _most_first_dict(blocked),
             "shadow_blocked_by": _most_first_dict(shadow),
+            "over_quota_by": _most_first_dict(over),
             "top_users": _top_user_rows(decided, denied, top),
         }
 
@@ -233,15 +236,19 @@ def _summary(
 ) -> dict[str, Any]:
     blocked: dict[str, int] = {}
     shadow: dict[str, int] = {}
+    over: dict[str, int] = {}
     for counts in totals.values():
         add_into(blocked, counts.blocked)
         add_into(shadow, counts.shadow_by)
+        add_into(over, counts.over_quota_by)
     return {
         "decisions": sum(counts.decisions for counts in totals.values()),
         "denied": sum(counts.denied for counts in totals.values()),
         "shadow_denied": sum(counts.shadow for counts in totals.values()),
+        "over_quota": sum(counts.over_quota for counts in totals.values()),
         "blocked_by": _by_rule(blocked),
         "shadow_blocked_by": _by_rule(shadow),
+        "over_quota_by": _by_rule(over),
         "top_tenants": [
             {"tenant": tenant, "denied": n} for tenant, n in sorted(tenants.items(), key=_most_first)[:top]
         ],
@@ -272,7 +279,7 @@ def _key_row(key: str, denied: int, is_user: bool) -> dict[str, Any]:
 def _series(totals: Mapping[int, Counts], first: int, last: int, step: int) -> list[SeriesPoint]:
     """One point per `step` (aligned to multiples of it) from `first` to `last`, zeros included."""
     series: dict[int, SeriesPoint] = {
-        at: {"at": at, "decisions": 0, "denied": 0, "shadow_denied": 0, "blocked_by": {}}
+        at: {"at": at, "decisions": 0, "denied": 0, "shadow_denied": 0, "over_quota": 0, "blocked_by": {}}
         for at in range(first - first % step, last + 1, step)
     }
     for minute, counts in totals.items():
@@ -280,6 +287,7 @@ def _series(totals: Mapping[int, Counts], first: int, last: int, step: int) -> l
         point["decisions"] += counts.decisions
         point["denied"] += counts.denied
         point["shadow_denied"] += counts.shadow
+        point["over_quota"] += counts.over_quota
         add_into(point["blocked_by"], counts.blocked)
     return list(series.values())
 
@@ -292,6 +300,7 @@ def _usage_point(start: int, counts: Mapping[str, float]) -> dict[str, Any]:
         "allowed": decisions - denied,
         "denied": denied,
         "shadow_denied": counts.get("s", 0),
+        "over_quota": counts.get("o", 0),
         "cost": _whole(counts.get("c", 0.0)),
     }
 

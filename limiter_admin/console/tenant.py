@@ -1,8 +1,8 @@
 """What the tenant page shows about one team key: its effective rules per level and where
 they come from (the tier, the tenant's override and its expiry, or the global rules), its
 live buckets (the dashboard's bucket panel), allowed against denied per minute over 24 h and
-per hour over 30 days, the denials by blocked_by, shadow rules' would-be denials, the most
-throttled users, and its latest changes.
+per hour over 30 days, the denials by blocked_by, shadow rules' would-be denials, the
+decisions let go past a soft quota, the most throttled users, and its latest changes.
 
 The numbers come from the services behind the REST read-outs (`usage_series`, GET
 /api/v1/tenants/{key}/usage; `bucket_report`; `rule_sources`), the changes from the
@@ -32,7 +32,14 @@ from .quotas import quota_context
 
 TOP_USERS = 10
 RECENT_CHANGES = 10
-SERIES_COLOURS = {"allowed": "hsl(140, 45%, 40%)", "denied": "hsl(3, 70%, 50%)", "shadow_denied": "hsl(45, 85%, 45%)"}
+SERIES_COLOURS = {
+    "allowed": "hsl(140, 45%, 40%)",
+    "denied": "hsl(3, 70%, 50%)",
+    "shadow_denied": "hsl(45, 85%, 45%)",
+    "over_quota": "hsl(275, 55%, 50%)",
+}
+# Lines drawn only when they count something: most tenants have no shadow rule and no soft quota.
+WHEN_NOT_ZERO = ("shadow_denied", "over_quota")
 
 
 def tenant_context(key: str) -> dict:
@@ -60,6 +67,7 @@ def tenant_context(key: str) -> dict:
         "windows": [_usage_window("24 h", day, "%H:%M"), _usage_window("30 days", month, "%m-%d %H:00")],
         "breakdown": _by_rule(day, month, "blocked_by"),
         "shadow": _by_rule(day, month, "shadow_blocked_by"),
+        "over_quota": _by_rule(day, month, "over_quota_by"),
         "users": _users(key, day),
         "quotas": quota_context(key, cache.clock()),
         "changes": recent_changes(tenant),
@@ -130,16 +138,18 @@ def _usage(key: str, window: int, step: int) -> dict | str:
 
 
 def _usage_window(label: str, usage: dict | str, stamp: str) -> dict:
-    """A window's totals and its chart (Chart.js data: allowed, denied and shadow-denied lines)."""
+    """A window's totals and its chart (Chart.js data: allowed, denied, and the shadow-denied
+    and over-quota lines when they are not all zeros)."""
     if isinstance(usage, str):
         return {"label": label, "unavailable": usage}
     series = usage["series"]
-    totals = {field: sum(p[field] for p in series) for field in ("decisions", "allowed", "denied", "shadow_denied")}
+    fields = ("decisions", "allowed", "denied", "shadow_denied", "over_quota")
+    totals = {field: sum(p[field] for p in series) for field in fields}
     totals["cost"] = round(sum(p["cost"] for p in series), 2)
     datasets = [
         {"label": field.replace("_", " "), "data": [p[field] for p in series], "colour": colour}
         for field, colour in SERIES_COLOURS.items()
-        if field != "shadow_denied" or totals["shadow_denied"]
+        if field not in WHEN_NOT_ZERO or totals[field]
     ]
     chart_id = "usage-" + label.replace(" ", "")
     return {

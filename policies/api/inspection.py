@@ -79,8 +79,9 @@ class BlockedStatsView(APIView):
         responses={200: schemas.BlockedReport, **schemas.ERRORS, **schemas.UNAVAILABLE},
         tags=["observe"],
         summary="Denials by blocked_by, and the most throttled tenants and keys",
-        description="Denials and shadow rules' would-be denials by rule, the tenants with the most denials "
-        "at any level (`top_tenants`), and the most denied keys of each level (a user with its team).",
+        description="Denials, shadow rules' would-be denials and decisions let go past a soft quota by rule, "
+        "the tenants with the most denials at any level (`top_tenants`), and the most denied keys of each level "
+        "(a user with its team).",
     )
     def get(self, request):
         window = parse_window(request.query_params.get("window", "1h"))
@@ -109,10 +110,10 @@ class TenantUsageView(APIView):
         responses={200: schemas.TenantUsage, **schemas.ERRORS, **schemas.NOT_FOUND, **schemas.UNAVAILABLE},
         tags=["observe"],
         summary="A tenant's decisions, denials, shadow denials and cost over time",
-        description="One point per step: decisions, allowed, denied, shadow_denied and cost taken (epoch "
-        "`start`). `blocked_by`, `shadow_blocked_by` and `top_users` cover the whole hours the window "
-        "touches, from `breakdown_since` (users: the minutes kept at most). 404: no such tenant and no "
-        "traffic of that team key in the window.",
+        description="One point per step: decisions, allowed, denied, shadow_denied, over_quota and cost taken "
+        "(epoch `start`). `blocked_by`, `shadow_blocked_by`, `over_quota_by` and `top_users` cover the whole "
+        "hours the window touches, from `breakdown_since` (users: the minutes kept at most). 404: no such "
+        "tenant and no traffic of that team key in the window.",
     )
     def get(self, request, key):
         window, step = parse_usage_query(request.query_params)

@@ -205,6 +205,7 @@ class BlockedPoint(serializers.Serializer):
     decisions = serializers.IntegerField()
     denied = serializers.IntegerField()
     shadow_denied = serializers.IntegerField()
+    over_quota = serializers.IntegerField(help_text="Decisions let go past (or further past) a soft quota.")
     blocked_by = serializers.DictField(child=serializers.IntegerField())
 
 
@@ -215,8 +216,14 @@ class BlockedReport(serializers.Serializer):
     decisions = serializers.IntegerField()
     denied = serializers.IntegerField()
     shadow_denied = serializers.IntegerField(help_text="Decisions that a shadow rule would have denied.")
+    over_quota = serializers.IntegerField(help_text="Decisions let go past (or further past) a soft quota.")
     blocked_by = RuleCount(many=True)
     shadow_blocked_by = RuleCount(many=True, help_text="Would-be denials of each shadow rule.")
+    over_quota_by = RuleCount(
+        many=True,
+        help_text="Each soft quota (`blocked_by`, though it denied nothing) and the decisions it let go past "
+        "its limit (`denied`); a decision over two quotas counts for both.",
+    )
     top_tenants = TenantCount(many=True)
     top_keys = serializers.DictField(child=KeyCount(many=True), help_text="The most denied keys of each level.")
     series = BlockedPoint(many=True)
@@ -228,6 +235,7 @@ class UsagePoint(serializers.Serializer):
     allowed = serializers.IntegerField()
     denied = serializers.IntegerField()
     shadow_denied = serializers.IntegerField(help_text="Decisions that a shadow rule would have denied.")
+    over_quota = serializers.IntegerField(help_text="Decisions let go past (or further past) a soft quota.")
     cost = serializers.FloatField(help_text="What the allowed decisions took (e.g. tokens).")
 
 
@@ -249,6 +257,9 @@ class TenantUsage(serializers.Serializer):
     blocked_by = serializers.DictField(child=serializers.IntegerField(), help_text='"level: rule" -> denials.')
     shadow_blocked_by = serializers.DictField(
         child=serializers.IntegerField(), help_text='"level: rule" -> would-be denials of a shadow rule.'
+    )
+    over_quota_by = serializers.DictField(
+        child=serializers.IntegerField(), help_text='"level: rule" -> decisions let go past a soft quota.'
     )
     top_users = TopUser(many=True)
 

@@ -1,7 +1,12 @@
 """GET /api/v1/stats/blocked: denials by blocked_by, the most throttled tenants (denials at any
-level) and keys (users with their team), and shadow rules' would-be denials."""
+level) and keys (users with their team), shadow rules' would-be denials, and decisions let go
+past a soft quota."""
 
 import pytest
+
+from .test_schema import component, served
+
+SOFT = {"type": "quota", "limit": 100, "period": "day", "mode": "soft"}
 
 
 def decide(client, keys, cost=1):
@@ -52,6 +57,26 @@ def test_shadow_rules_would_be_denials_are_counted_by_rule(engine, load, policy_
     body = admin_api_client.get("/api/v1/stats/blocked", {"window": "5m"}).json()
     assert body["denied"] == 0 and body["shadow_denied"] == 3
     assert body["shadow_blocked_by"] == [{"blocked_by": "user: fixed_window(2/60s)", "level": "user", "denied": 3}]
+
+
+def test_decisions_past_a_soft_quota_are_counted_by_quota(engine, load, policy_doc, decide_client, admin_api_client):
+    policy_doc["tiers"]["pro"]["team"].append(SOFT)
+    load(policy_doc)
+    answers = [decide(decide_client, {"team": "acme"}, cost=60) for _ in range(4)]
+    assert [len(answer["over_quota"]) for answer in answers] == [0, 1, 1, 1]  # 60 fits in 100, 120 does not
+    [quota] = answers[-1]["over_quota"]
+    body = admin_api_client.get("/api/v1/stats/blocked", {"window": "5m"}).json()
+    assert (body["decisions"], body["denied"], body["over_quota"]) == (4, 0, 3)
+    assert body["over_quota_by"] == [{"blocked_by": quota, "level": "team", "denied": 3}]
+    assert sum(point["over_quota"] for point in body["series"]) == 3
+
+
+def test_every_field_of_the_report_is_in_its_schema(api, decide_client, admin_api_client):
+    decide(decide_client, {"user": "u1", "team": "acme"})
+    body = admin_api_client.get("/api/v1/stats/blocked", {"window": "5m"}).json()
+    schema = served(admin_api_client)
+    assert set(body) == set(component(schema, "BlockedReport")["properties"])
+    assert set(body["series"][-1]) == set(component(schema, "BlockedPoint")["properties"])
 
 
 def test_old_denials_leave_the_window(api, decide_client, admin_api_client, clock):

@@ -1,10 +1,11 @@
-"""GET /api/v1/tenants/{key}/usage: a tenant's decisions, allowed, denied, shadow-denied and
-cost per minute or per hour, its blocked_by and shadow rules, and its most throttled users; on
-a real Redis, with a clock that moves only when told."""
+"""GET /api/v1/tenants/{key}/usage: a tenant's decisions, allowed, denied, shadow-denied, over
+a soft quota and cost per minute or per hour, its blocked_by, shadow rules and soft quotas gone
+over, and its most throttled users; on a real Redis, with a clock that moves only when told."""
 
 import pytest
 
-from .test_stats import decide
+from .test_schema import component, served
+from .test_stats import SOFT, decide
 
 USAGE = "/api/v1/tenants/{}/usage"
 
@@ -30,10 +31,11 @@ def test_a_tenants_minutes_over_24_hours(api, decide_client, admin_api_client, c
         "allowed": 51,
         "denied": 2,
         "shadow_denied": 0,
+        "over_quota": 0,
         "cost": 53,
     }
     assert body["blocked_by"] == {"user: token_bucket(50, 10/s)": 2}
-    assert body["shadow_blocked_by"] == {}
+    assert body["shadow_blocked_by"] == body["over_quota_by"] == {}
     assert body["top_users"] == [
         {"user": "alice", "decisions": 52, "denied": 2},
         {"user": "bob", "decisions": 1, "denied": 0},
@@ -47,6 +49,32 @@ def test_a_tenants_hours_over_30_days(api, decide_client, admin_api_client, cloc
     body = usage(admin_api_client, "acme", window="30d", step="1h")
     assert body["step"] == 3600 and len(body["series"]) == 30 * 24 + 1
     assert [(p["decisions"], p["cost"]) for p in body["series"] if p["decisions"]] == [(1, 2), (1, 5)]
+
+
+def test_a_tenants_decisions_past_a_soft_quota_per_minute_and_per_hour(
+    engine, load, policy_doc, decide_client, admin_api_client, clock
+):
+    policy_doc["tiers"]["pro"]["team"].append(SOFT)
+    load(policy_doc)
+    for _ in range(3):
+        decide(decide_client, {"team": "acme"}, cost=60)  # the second and third go past 100 a day
+    clock.advance(3600 + 600)  # ten minutes into the next hour
+    [quota] = decide(decide_client, {"team": "acme"}, cost=1)["over_quota"]
+    minutes = usage(admin_api_client, "acme", window="2h", step="1m")
+    assert [point["over_quota"] for point in minutes["series"] if point["over_quota"]] == [2, 1]
+    assert minutes["over_quota_by"] == {quota: 3}
+    hours = usage(admin_api_client, "acme", window="30d", step="1h")
+    assert [point["over_quota"] for point in hours["series"][-2:]] == [2, 1]
+    assert hours["over_quota_by"] == {quota: 3}
+    assert usage(admin_api_client, "acme", window="5m")["over_quota_by"] == {quota: 1}  # this hour's alone
+
+
+def test_every_field_of_a_usage_is_in_its_schema(api, decide_client, admin_api_client):
+    decide(decide_client, {"user": "u1", "team": "acme"})
+    body = usage(admin_api_client, "acme", window="1h")
+    schema = served(admin_api_client)
+    assert set(body) == set(component(schema, "TenantUsage")["properties"])
+    assert set(body["series"][-1]) == set(component(schema, "UsagePoint")["properties"])
 
 
 def test_the_step_follows_the_window_when_not_given(api, decide_client, admin_api_client):

@@ -238,6 +238,7 @@ def test_the_series_has_one_point_per_step_zeros_included(new_stats, clock):
         "decisions": 2,
         "denied": 1,
         "shadow_denied": 0,
+        "over_quota": 0,
         "blocked_by": {TEAM_RULE: 1},
     }
     assert series[4] == {
@@ -245,6 +246,7 @@ def test_the_series_has_one_point_per_step_zeros_included(new_stats, clock):
         "decisions": 0,
         "denied": 0,
         "shadow_denied": 0,
+        "over_quota": 0,
         "blocked_by": {},
     }
     assert series[5]["blocked_by"] == {USER_RULE: 1}
@@ -491,11 +493,15 @@ def test_counts_made_while_redis_was_down_arrive_when_it_is_back(disposable_redi
     disposable_redis.kill()  # no persistence: what was flushed is gone with it
     stats.record(keys(), denial("team: store unavailable", degraded=True))
     stats.flush()
+    stats.record(keys(), allowed(5.0, over_quota=("team: quota(100/day, soft)",)))
+    stats.flush()  # kept twice: the two flushes' counts are added up
     with pytest.raises(StoreUnavailable):
         stats.report(MINUTE)
     disposable_redis.start()
     report = stats.report(MINUTE)
     assert report["blocked_by"] == [{"blocked_by": "team: store unavailable", "level": "team", "denied": 1}]
+    assert report["over_quota_by"] == [{"blocked_by": "team: quota(100/day, soft)", "level": "team", "denied": 1}]
+    assert stats.usage("acme", MINUTE)["over_quota_by"] == {"team: quota(100/day, soft)": 1}
 
 
 def test_a_long_outage_keeps_only_the_newest_minutes(disposable_redis, clock):

@@ -1,6 +1,6 @@
 """Decision statistics per tenant: attribution of every decision to its tenant and user, each
-tenant's series per minute and per hour, shadow rules counted, users found by prefix, and
-reservations left open counted once as expired.
+tenant's series per minute and per hour, shadow rules and soft quotas gone over counted, users
+found by prefix, and reservations left open counted once as expired.
 
 Every test that takes `new_stats` runs in process and on a real redis-server.
 """
@@ -10,6 +10,7 @@ import pytest
 from core.decision import RATE_LIMITED, Decision, allowed
 from core.errors import InvalidRequest
 from core.stats import EXPIRY_GRACE, SWEEP_EVERY
+from core.stats.layout import text
 
 from .test_stats import (  # noqa: F401  (fixtures)
     DAY,
@@ -30,6 +31,8 @@ from .test_stats import (  # noqa: F401  (fixtures)
 
 GLOBAL_RULE = "global: token_bucket(100000, 10000/s)"
 SHADOW_RULE = "user: sliding_window(5, 60) [shadow]"
+QUOTA = "team: quota(100/day, soft)"
+USER_QUOTA = "user: quota(10/hour, soft)"
 
 
 def denial(blocked_by=USER_RULE, shadows=()):
@@ -38,6 +41,16 @@ def denial(blocked_by=USER_RULE, shadows=()):
 
 def allow(shadows=()):
     return allowed(5.0)._replace(shadow_blocked=tuple(shadows))
+
+
+def over(*quotas, shadows=()):
+    """Let go past the soft quotas `quotas`."""
+    return allowed(5.0, shadow_blocked=tuple(shadows), over_quota=quotas)
+
+
+def hash_of(stats, name):
+    """A hash's fields and counts, on either kind of statistics store."""
+    return {text(field): float(value) for field, value in stats.client.pipeline().hgetall(name).execute()[0].items()}
 
 
 # --- attribution ------------------------------------------------------------------------------
@@ -97,6 +110,7 @@ def test_a_tenants_minutes_count_decisions_allowed_denied_shadow_denied_and_cost
         "allowed": 2,
         "denied": 1,
         "shadow_denied": 1,
+        "over_quota": 0,
         "cost": 6.5,
     }
     assert by_start[minute_of(START) + MINUTE]["decisions"] == 0
@@ -147,7 +161,8 @@ def test_a_tenant_never_seen_has_no_traffic(new_stats):
     stats.record(keys(team="acme"), allow())
     usage = stats.usage("nobody", HOUR)
     assert not usage["has_traffic"] and usage["tier"] is None
-    assert usage["blocked_by"] == usage["shadow_blocked_by"] == {} and usage["top_users"] == []
+    assert usage["blocked_by"] == usage["shadow_blocked_by"] == usage["over_quota_by"] == {}
+    assert usage["top_users"] == []
 
 
 def test_the_tier_is_the_one_the_tenant_resolved_to_when_its_counts_were_sent(new_stats, clock):
@@ -195,15 +210,18 @@ def test_a_breakdown_covers_the_whole_hours_the_window_touches(new_stats, clock)
 def test_a_tenants_minutes_and_hours_stay_in_redis_compact_encoding_for_a_whole_day(redis_url, server, clock):
     stats = redis_stats(redis_url, clock, tier_of=lambda tenant: "pro")
     for _ in range(24 * 60):
-        stats.record(keys(team="acme"), allow([SHADOW_RULE]), cost=1.5)
+        # Every field of a minute written: decisions, denied, shadow, over a quota, cost.
+        stats.record(keys(team="acme"), over(QUOTA, shadows=[SHADOW_RULE]), cost=1.5)
         stats.record(keys(team="acme"), denial(USER_RULE))
         stats.flush()
         clock.advance(MINUTE)
     series_keys = server.keys("la:{stats}:u[mh]:*")
     assert len(server.keys("la:{stats}:um:*")) in (96, 97) and len(server.keys("la:{stats}:uh:*")) <= 2
     assert {server.object("encoding", name) for name in series_keys} == {"listpack"}
+    assert max(server.hlen(name) for name in server.keys("la:{stats}:um:*")) == 15 * 5
     usage = stats.usage("acme", DAY)
     assert sum(point["decisions"] for point in usage["series"]) == 2 * 24 * 60
+    assert sum(point["over_quota"] for point in usage["series"]) == 24 * 60
 
 
 # --- shadow rules -----------------------------------------------------------------------------
@@ -223,6 +241,75 @@ def test_shadow_rules_would_be_denials_are_counted_by_rule(new_stats):
     ]
     assert report["denied"] == 1
     assert sum(point["shadow_denied"] for point in report["series"]) == 3
+
+
+# --- soft quotas gone over --------------------------------------------------------------------
+
+
+def test_decisions_let_go_past_a_soft_quota_are_counted_by_quota(new_stats):
+    stats = new_stats()
+    stats.record(keys(), over(QUOTA))
+    stats.record(keys(), over(QUOTA, USER_QUOTA))  # over two quotas: counted once, and for both
+    stats.record(keys(), over(QUOTA, shadows=[SHADOW_RULE]))
+    stats.record(keys(), allow())
+    stats.record(keys(), denial(TEAM_RULE))
+    report = stats.report(300)
+    assert (report["decisions"], report["denied"], report["shadow_denied"], report["over_quota"]) == (5, 1, 1, 3)
+    assert report["over_quota_by"] == [
+        {"blocked_by": QUOTA, "level": "team", "denied": 3},
+        {"blocked_by": USER_QUOTA, "level": "user", "denied": 1},
+    ]
+    # A quota gone over let the request go: it is no blocked_by.
+    assert report["blocked_by"] == [{"blocked_by": TEAM_RULE, "level": "team", "denied": 1}]
+    assert [point["over_quota"] for point in report["series"] if point["over_quota"]] == [3]
+
+
+def test_a_tenants_minutes_hours_and_breakdown_count_its_decisions_over_a_soft_quota(new_stats, clock):
+    stats = new_stats()
+    hour = int(START // HOUR) * HOUR
+    stats.record(keys(team="acme"), over(QUOTA), cost=3)
+    stats.record(keys(team="acme"), allow(), cost=1)
+    stats.record(keys(team="initech"), over(QUOTA))
+    clock.advance(2 * MINUTE)
+    stats.record(keys(team="acme"), over(QUOTA, USER_QUOTA))
+    stats.flush()  # the hour's counts: two minutes added up in one flush, then one more flush
+    clock.advance(MINUTE)
+    stats.record(keys(team="acme"), over(QUOTA))
+    minutes = stats.usage("acme", 5 * MINUTE, step=MINUTE)
+    by_start = {point["start"]: point for point in minutes["series"]}
+    assert by_start[minute_of(START)] == {
+        "start": minute_of(START),
+        "decisions": 2,
+        "allowed": 2,
+        "denied": 0,
+        "shadow_denied": 0,
+        "over_quota": 1,
+        "cost": 4,
+    }
+    assert [by_start[minute_of(START) + i * MINUTE]["over_quota"] for i in (1, 2, 3)] == [0, 1, 1]
+    assert minutes["over_quota_by"] == {QUOTA: 3, USER_QUOTA: 1}
+    hours = stats.usage("acme", DAY, step=HOUR)
+    assert [(point["start"], point["over_quota"]) for point in hours["series"] if point["over_quota"]] == [(hour, 3)]
+    assert hours["over_quota_by"] == {QUOTA: 3, USER_QUOTA: 1}
+    assert stats.usage("initech", HOUR)["over_quota_by"] == {QUOTA: 1}
+
+
+def test_over_quota_counts_are_kept_under_the_fields_the_layout_names(new_stats):
+    stats = new_stats()
+    stats.record(keys(team="acme"), over(QUOTA))
+    stats.record(keys(team="acme"), over(QUOTA, USER_QUOTA))
+    stats.record(keys(team="acme"), allow())
+    stats.flush()
+    minute, hour = minute_of(START), int(START // HOUR) * HOUR
+    quarter, day = minute - minute % (15 * MINUTE), hour - hour % DAY
+    totals = hash_of(stats, f"la:{{stats}}:m:{minute}")
+    assert (totals["over_quota"], totals["oq:" + QUOTA], totals["oq:" + USER_QUOTA]) == (2, 2, 1)
+    assert hash_of(stats, f"la:{{stats}}:um:{quarter}:acme")[f"{(minute - quarter) // MINUTE}o"] == 2
+    index = (hour - day) // HOUR
+    assert hash_of(stats, f"la:{{stats}}:uh:{day}:acme")[f"{index}o"] == 2
+    ids = stats._rule_ids({QUOTA, USER_QUOTA})
+    breakdown = hash_of(stats, f"la:{{stats}}:ub:{day}:acme")
+    assert (breakdown[f"{index}o{ids[QUOTA]}"], breakdown[f"{index}o{ids[USER_QUOTA]}"]) == (2, 1)
 
 
 # --- users seen, for search -------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The tenant page: its effective rules with their source, its live buckets, its traffic over
-24 h and 30 days, what denied it, its most throttled users, and a quick raise of one limit as an
-expiring override with optimistic locking. The workload goes through the REST API."""
+24 h and 30 days, what denied it, the soft quotas it went past, its most throttled users, and a
+quick raise of one limit as an expiring override with optimistic locking. The workload goes
+through the REST API."""
 
 import datetime as dt
 import json
@@ -11,6 +12,7 @@ from django.contrib.admin.models import LogEntry
 
 from policies.history import replace_rules
 from policies.models import Rule, Tenant
+from tests.api.test_stats import SOFT
 from tests.dashboard.conftest import DASHBOARD, decide, page, text
 
 RAISE = DASHBOARD + "raise-limit/"
@@ -76,6 +78,26 @@ def test_the_charts_draw_allowed_and_denied_per_minute_over_24_h_and_per_hour_ov
     assert series == {"allowed": 3, "denied": 1}
     assert {d["label"]: sum(d["data"]) for d in day["datasets"]} == {"allowed": 1, "denied": 0}
     assert "4 decisions: 3 allowed, 1 denied (25 %); cost taken 801" in text(html)
+    assert 'id="tenant-over-quota"' not in html  # no soft quota gone over: no line, no list
+
+
+def test_decisions_past_a_soft_quota_are_drawn_and_listed_by_quota(
+    engine, load, policy_doc, decide_client, console, clock
+):
+    policy_doc["tiers"]["pro"]["team"].append(SOFT)
+    load(policy_doc)
+    for _ in range(3):
+        decide(decide_client, {"team": "acme"}, cost=60)  # the second and third go past 100 a day
+    clock.advance(2 * 86400)
+    decide(decide_client, {"team": "acme"}, cost=60)  # a new day: 60 fits...
+    [quota] = decide(decide_client, {"team": "acme"}, cost=60)["over_quota"]  # ...and 120 does not
+    html = tenant_page(console, "acme")
+    day, month = chart(html, "usage-24h"), chart(html, "usage-30days")
+    assert {d["label"]: sum(d["data"]) for d in month["datasets"]} == {"allowed": 5, "denied": 0, "over quota": 3}
+    assert {d["label"]: sum(d["data"]) for d in day["datasets"]} == {"allowed": 2, "denied": 0, "over quota": 1}
+    assert "2 decisions: 2 allowed, 0 denied (0 %), 1 let go past a soft quota; cost taken 120" in text(html)
+    table = html[html.index('id="tenant-over-quota"') : html.index("</table>", html.index('id="tenant-over-quota"'))]
+    assert f"soft quota (level: rule) 24 h 30 days {quota} 1 3" in text(table)
 
 
 def test_what_denied_it_and_its_most_throttled_users_with_links_to_their_buckets(api, decide_client, console):
