@@ -49,7 +49,8 @@ def console_only(dotted: str) -> Any:
     wrapped: Any = import_string(dotted)
     if not isinstance(wrapped, type):
         return _around_factory(wrapped)
-    init, call = vars(wrapped).get("__init__") or wrapped.__init__, wrapped.__call__
+    cls: Any = wrapped  # a class: its own __init__ and __call__, called on the subclass
+    init, call = cls.__init__, cls.__call__
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.passed_to = get_response
