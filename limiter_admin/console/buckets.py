@@ -47,27 +47,73 @@ def bucket_context(query: BucketQuery, policy) -> dict:
     }
 
 
+# Where a rule's state shows how much is used (slots, a window, a quota), the meter is drawn
+# as use: empty is good and full is the warning. A bucket's tokens are room: full is good.
+WARN_SHARE = 0.8
+
+
 def _rule_row(rule: dict) -> dict:
-    """One rule's live state, as the operator reads it: what is left of how much."""
+    """One rule's live state, as the operator reads it: what is left of how much (a bucket),
+    or how much of it is used (slots, a window, a quota), and whether that is a warning."""
     state = rule["state"]
-    for field, total, what in (  # noqa: B007  (`what` is read after the loop)
-        ("tokens", "capacity", "tokens left"),
-        ("in_flight", "limit", "in flight"),
-        ("used", "limit", "used in the window"),
-    ):
-        if field in state:
-            value, most = state[field], state.get(total)
-            break
+    if "tokens" in state:
+        value, most, what, room = state["tokens"], state.get("capacity"), "tokens left", True
+    elif "in_flight" in state:
+        value, most, what, room = state["in_flight"], state.get("limit"), "slots in use", False
+    elif "used" in state:
+        what = "used this period" if "period" in state else "used in the window"
+        value, most, room = state["used"], state.get("limit"), False
     else:
-        value, most, what = state.get("remaining"), None, "remaining"
+        value, most, what, room = state.get("remaining"), None, "remaining", True
+    left = (value if room else most - value) if most is not None and value is not None else None
+    full = left is not None and left <= 0
     return {
         **rule,
         "what": what,
         "value": two_decimals(value),
         "most": most,
-        "full_in": duration(state.get("full_in"), never="never (does not refill)", zero="full now"),
+        "room": room,
+        # <meter>'s own regions: the browser draws a value past `high` (use) or below `low`
+        # (room) in its warning colour.
+        "meter": _meter(most, room) if most else None,
+        "warning": most is not None and value is not None and (left <= (1 - WARN_SHARE) * most),
+        "note": _full_note(rule, state, full, room),
+        "full_in": _again(state, room),
         "debt": _debt(state),
     }
+
+
+def _meter(most: float, room: bool) -> dict:
+    """<meter>'s regions: one bound at the warning share, the optimum at full room or no use."""
+    bound = round((1 - WARN_SHARE) * most if room else WARN_SHARE * most, 6)
+    return {"low": bound, "high": bound, "optimum": most if room else 0}
+
+
+def _full_note(rule: dict, state: dict, full: bool, room: bool) -> str | None:
+    """A word where the bar alone would mislead: every slot in use, a window or quota used up."""
+    if not full:
+        return None
+    if "in_flight" in state:
+        return "all slots in use"
+    if "period" in state:
+        return "quota spent"
+    return None if room else "window used up"
+
+
+def _again(state: dict, room: bool) -> str:
+    """When the rule has all its room again: a bucket full, every slot free, a window empty;
+    a quota only when its period ends."""
+    if "period" in state:
+        resets = state.get("resets_at")
+        return (
+            "never (credits: a top-up refills them)"
+            if resets is None
+            else f"resets at {local_time(resets):%Y-%m-%d %H:%M %Z}"
+        )
+    if room:
+        return duration(state.get("full_in"), never="never (does not refill)", zero="full now")
+    what = "all slots free" if "in_flight" in state else "the window empty"
+    return duration(state.get("full_in"), never="never", zero=f"{what} now")
 
 
 def _debt(state: dict) -> str | None:

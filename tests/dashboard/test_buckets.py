@@ -1,5 +1,7 @@
 """Panel 2: a key's live buckets, every rule with where it comes from, refreshed in place."""
 
+import re
+
 import pytest
 
 from policies.models import Tenant, Tier
@@ -29,7 +31,8 @@ def test_every_rule_of_a_user_key_shows_its_tier_and_live_state(api, decide_clie
         rule_row(html, "sliding_window(600/60s)")
         == "sliding_window(600/60s) RPM_LIMIT tier: pro 30 / 600 used in the window 1 min"
     )
-    assert '<meter min="0" max="50.0" value="20.0"></meter>' in html
+    # 20 tokens of 50: above the warning bound of 10 (20 % of the room), the optimum at full.
+    assert '<meter min="0" max="50.0" value="20.0" low="10.0" high="10.0" optimum="50.0"></meter>' in html
 
 
 def test_a_bucket_in_debt_shows_its_negative_balance_and_when_it_is_back_above_zero(api, decide_client, console):
@@ -72,8 +75,34 @@ def test_concurrency_slots_in_flight_are_shown(api, load, policy_doc, decide_cli
         assert response.status_code == 201
     html = page(console, level="user", key="u9", team="streamco")
     row = rule_row(html, "concurrency(3, lease 60s) per request")
-    assert row.startswith("concurrency(3, lease 60s) per request override: streamco 2 / 3 in flight")
+    assert row.startswith("concurrency(3, lease 60s) per request override: streamco 2 / 3 slots in use")
     assert row.endswith("1 min")  # the slots come back when their lease runs out
+    assert 'data-kind="use"' in html and "all slots in use" not in row
+
+
+def test_a_full_concurrency_rule_is_drawn_as_used_up_in_the_warning_colour(
+    api, load, policy_doc, decide_client, console
+):
+    """Issue 25: "3 / 3 in flight" was drawn like a full bucket, a healthy green bar."""
+    policy_doc["tenants"]["streamco"] = {"tier": "pro", "overrides": {"user": [{"type": "concurrency", "limit": 3}]}}
+    load(policy_doc)
+    api.refresh()
+    keys = {"user": "u9", "team": "streamco"}
+    for _ in range(3):
+        assert decide_client.post("/api/v1/reservations", {"keys": keys, "cost": 1}, format="json").status_code == 201
+    html = page(console, level="user", key="u9", team="streamco")
+    row = rule_row(html, "concurrency(3, lease 60s) per request")
+    assert "3 / 3 slots in use all slots in use" in row
+    cell = re.search(r'<td class="state([^"]*)" data-kind="(\w+)">\s*<meter ([^>]*)>', html).groups()
+    assert cell[0] == " warning" and cell[1] == "use"
+    # The meter's regions put a full rule past `high` with the optimum at 0: the browser's warning.
+    assert 'high="2.4' in cell[2] and 'optimum="0"' in cell[2] and 'value="3"' in cell[2]
+
+
+def test_a_bucket_is_drawn_as_room_full_is_healthy(api, console):
+    html = page(console, level="team", key="acme")
+    cell = re.search(r'<td class="state([^"]*)" data-kind="(\w+)">\s*<meter ([^>]*)>', html).groups()
+    assert cell[0] == "" and cell[1] == "room" and 'optimum="1000' in cell[2]
 
 
 def test_the_bucket_panel_refreshes_itself_without_reloading_the_page(api, decide_client, console):
