@@ -77,7 +77,7 @@ def throttled_context(reports: dict, window: str, policy) -> dict:
         "shadow_rules": _rules_by_window(reports, "shadow_blocked_by"),
         "chart": blocked_chart(report, WINDOWS[window][1]),
         "step_text": duration(WINDOWS[window][1]),
-        "tenants": _top_tenants(report["top_tenants"]),
+        "tenants": _top_tenants(report["top_tenants"], report["top_keys"]),
         "near_quota": near_quota_context(policy_cache().clock()),
         "top": _top_keys(report["top_keys"], policy.levels),
     }
@@ -138,12 +138,34 @@ def blocked_chart(report: dict, step: int) -> dict:
     return {"labels": labels, "datasets": datasets, "step": step}
 
 
-def _top_tenants(rows: list[dict]) -> list[dict]:
-    """The tenants with the most denials at any level, each with its page and buckets."""
-    return [
-        {**row, "tenant_url": tenant_url(row["tenant"]), "buckets_url": bucket_url(TENANT_LEVEL, row["tenant"])}
-        for row in rows
-    ]
+def _top_tenants(rows: list[dict], top_keys: dict) -> list[dict]:
+    """The tenants with the most denials at any level, each with its page and the live buckets
+    of its most denied key: a user of its own, itself, or (neither among the most denied) its
+    page's breakdown of what denied it."""
+    found = []
+    for row in rows:
+        tenant = row["tenant"]
+        where = _most_denied_key(tenant, top_keys)
+        if where is None:
+            link, label = tenant_url(tenant) + "#tenant-blocked", "what denied it"
+        else:
+            level, key = where
+            team = tenant if level != TENANT_LEVEL else None
+            link, label = bucket_url(level, key, team), f"{level} {key}: live buckets"
+        found.append({**row, "tenant_url": tenant_url(tenant), "buckets_url": link, "where": label})
+    return found
+
+
+def _most_denied_key(tenant: str, top_keys: dict) -> tuple[str, str] | None:
+    """(level, key) of the tenant's most denied key among the most denied keys of each level:
+    the tenant itself at its level, or one of its users."""
+    best: tuple[int, str, str] | None = None
+    for level, keys in top_keys.items():
+        for row in keys:
+            if (level == TENANT_LEVEL and row["key"] == tenant) or row.get("team") == tenant:
+                if best is None or row["denied"] > best[0]:
+                    best = (row["denied"], level, row["key"])
+    return None if best is None else (best[1], best[2])
 
 
 def _top_keys(top_keys: dict, levels) -> list[dict]:

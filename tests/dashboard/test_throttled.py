@@ -81,9 +81,12 @@ def test_the_most_throttled_tenants_and_users_link_to_their_tenant_page_and_buck
     nobody = row_of(html, "tenants", "nobody")
     assert '<td class="denied count">3</td>' in nobody
     assert f'href="{DASHBOARD}tenants/nobody/"' in nobody
-    assert f'href="{DASHBOARD}?level=team&amp;key=nobody#buckets"' in nobody
+    # Its denials were its user's (issue 25: the team's bucket, full, told nothing): that user's buckets.
+    assert f'href="{DASHBOARD}?level=user&amp;key=greedy&amp;team=nobody#buckets"' in nobody
+    assert "user greedy: live buckets" in text(nobody)
     acme = row_of(html, "tenants", "acme")
     assert '<td class="denied count">2</td>' in acme and f'href="{DASHBOARD}tenants/acme/"' in acme
+    assert f'href="{DASHBOARD}?level=team&amp;key=acme#buckets"' in acme  # denied at its own level
     greedy = row_of(html, "user", "greedy", "nobody")
     assert '<td class="denied count">3</td>' in greedy
     assert f'href="{DASHBOARD}?level=user&amp;key=greedy&amp;team=nobody#buckets"' in greedy
