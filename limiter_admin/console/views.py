@@ -161,7 +161,7 @@ class TenantViews:
     def page(self, request, key):
         context = {
             **self.site.each_context(request),
-            **tenant_context(key),
+            **tenant_context(key, request.GET.get("recent")),
             "title": f"Tenant {key}",
             "refresh": REFRESH,
             "factors": FACTORS,

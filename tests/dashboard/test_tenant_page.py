@@ -230,3 +230,35 @@ def test_a_bad_factor_or_hours_raises_nothing_and_says_why(api, console, field, 
 
 def test_a_quick_raise_is_a_post_only(api, console):
     assert console.get(RAISE).status_code == 405
+
+
+# --- the short windows (issue 25) ------------------------------------------------------------
+
+
+def recent(html):
+    """The short chart's window (its heading) and its data."""
+    heading = re.search(r'id="usage-recent">\s*<h3>(.*?)</h3>', html, re.S).group(1)
+    return text(heading), chart(html, "usage-recent")
+
+
+def test_the_page_opens_on_the_shortest_window_with_traffic_a_point_a_minute(api, decide_client, console, clock):
+    for _ in range(53):  # pro's user burst holds 50: 3 denied
+        decide(decide_client, {"user": "ann", "team": "acme"})
+    clock.advance(60)
+    heading, data = recent(tenant_page(console, "acme"))
+    assert heading == "Last 15 min, one point a minute"
+    assert 15 <= len(data["labels"]) <= 17
+    lines = {d["label"]: sum(d["data"]) for d in data["datasets"]}
+    assert (lines["allowed"], lines["denied"]) == (50, 3)
+    clock.advance(2 * 3600)  # two hours later: out of 15 min and 1 h, within 6 h
+    heading, data = recent(tenant_page(console, "acme"))
+    assert heading == "Last 6 h, one point a minute" and 6 * 60 <= len(data["labels"]) <= 6 * 60 + 2
+    assert {d["label"]: sum(d["data"]) for d in data["datasets"]}["denied"] == 3
+
+
+def test_a_short_window_is_picked_by_its_link(api, decide_client, console):
+    decide(decide_client, {"team": "acme"})
+    html = page(console, f"{DASHBOARD}tenants/acme/", recent="1h")
+    assert recent(html)[0] == "Last 1 h, one point a minute"
+    assert '<a href="?recent=1h#usage-recent" class="window current" aria-current="true">1 h</a>' in html
+    assert recent(page(console, f"{DASHBOARD}tenants/acme/", recent="2y"))[0] == "Last 15 min, one point a minute"
