@@ -143,10 +143,14 @@ class DashboardViews:
     @only_safe
     def search(self, request):
         """Suggestions as the operator types: tenants by key prefix (from the database) and
-        users seen recently (from the statistics). A partial for htmx, else a page."""
-        context: dict[str, Any] = {"search": search_context(request.GET.get("q", ""))}
+        users seen recently (from the statistics). A partial for htmx, else a page, or the
+        tenant's page when the key submitted is a tenant's."""
+        q = request.GET.get("q", "")
+        context: dict[str, Any] = {"search": search_context(q)}
         if request.headers.get("HX-Request"):
             return TemplateResponse(request, PARTIALS + "_search.html", context)
+        if any(tenant["key"] == q for tenant in context["search"].get("tenants", [])):
+            return HttpResponseRedirect(tenant_url(q))  # an exact key, submitted: its page
         context.update(self.site.each_context(request), title="Find a tenant or user")
         return TemplateResponse(request, PARTIALS + "search.html", context)
 

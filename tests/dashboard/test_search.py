@@ -43,3 +43,11 @@ def test_nothing_found_says_so_and_an_empty_box_suggests_nothing(api, console):
 def test_without_javascript_the_search_is_a_page_of_its_own(api, console):
     html = page(console, SEARCH, q="ac")
     assert "<html" in html and 'data-tenant="acme"' in html and 'value="ac"' in html
+
+
+def test_an_exact_tenant_key_submitted_opens_its_page(api, console):
+    response = console.get(SEARCH, {"q": "acme"})
+    assert response.status_code == 302 and response["Location"] == f"{DASHBOARD}tenants/acme/"
+    # Suggestions as one types stay suggestions; a prefix is still a page of results.
+    assert console.get(SEARCH, {"q": "acme"}, HTTP_HX_REQUEST="true").status_code == 200
+    assert console.get(SEARCH, {"q": "acm"}).status_code == 200
