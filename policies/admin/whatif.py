@@ -31,6 +31,7 @@ from django.urls import path
 
 from core import ConfigError, StoreUnavailable
 
+from ..compile import policy_cache
 from ..models import Level, Tenant, Tier
 from ..services.errors import Busy
 from ..services.whatif import draft_policies, replay_window, start_replay
@@ -82,8 +83,9 @@ class PreviewImpact(admin.ModelAdmin):
             current, drafted = draft_policies(draft)
         except ConfigError as error:
             return JsonResponse({"state": "refused", "errors": [str(error)]})
+        shielded = shielded_tenants(current, drafted, self._subject(obj)) if self.model is Tier else {}
         try:
-            return JsonResponse(_start(current, drafted, WINDOWS[window], self._subject(obj)))
+            return JsonResponse(_start(current, drafted, WINDOWS[window], self._subject(obj), shielded))
         except Busy as busy:
             return JsonResponse({"state": "busy", "errors": [f"Busy: {busy.reason}."]})
 
@@ -136,20 +138,37 @@ def _errors(form, formsets) -> list[str]:
     return found or ["the form has errors"]
 
 
-def _start(current, drafted, window: int, subject: str) -> dict:
+def shielded_tenants(current, drafted, tier: str, now: float | None = None) -> dict[str, dict[str, list[str]]]:
+    """The tier's tenants whose overrides (in force now) cover a level the draft changes:
+    tenant -> {"overridden": levels the change does not reach, "reached": the other changed
+    levels}, for the preview to say why a tenant's zero is a zero."""
+    before, after = current.tiers.get(tier, {}), drafted.tiers.get(tier, {})
+    changed = [level for level in current.levels if before.get(level, []) != after.get(level, [])]
+    now = policy_cache().clock() if now is None else now
+    shielded = {}
+    for key, tenant in sorted(current.tenants.items()):
+        if tenant.tier != tier or (tenant.until is not None and tenant.until <= now):
+            continue
+        overridden = [level for level in changed if level in tenant.overrides]
+        if overridden:
+            shielded[key] = {"overridden": overridden, "reached": [lv for lv in changed if lv not in overridden]}
+    return shielded
+
+
+def _start(current, drafted, window: int, subject: str, shielded: dict | None = None) -> dict:
     """Queue the replay on the pool (Busy when it is full); the state to answer the post with."""
     job = secrets.token_urlsafe(12)
     state = {"state": "running", "job": job, "done": 0, "total": None, "subject": subject}
     cache.set(_CACHE_PREFIX + job, state, JOB_TTL)  # before the job can write its own
     try:
-        start_replay(current, drafted, window, TOP, None, runner=partial(_run, job, subject))
+        start_replay(current, drafted, window, TOP, None, runner=partial(_run, job, subject, shielded or {}))
     except Busy:
         cache.delete(_CACHE_PREFIX + job)
         raise
     return state
 
 
-def _run(job: str, subject: str, current, drafted, window: int, top: int, _progress) -> None:
+def _run(job: str, subject: str, shielded: dict, current, drafted, window: int, top: int, _progress) -> None:
     """The job on the pool: the replay, its progress and its answer, into the cache."""
     key = _CACHE_PREFIX + job
 
@@ -158,7 +177,13 @@ def _run(job: str, subject: str, current, drafted, window: int, top: int, _progr
 
     try:
         report = replay_window(current, drafted, window, top, progress)
-        state: dict[str, Any] = {"state": "done", "job": job, "subject": subject, "report": report}
+        state: dict[str, Any] = {
+            "state": "done",
+            "job": job,
+            "subject": subject,
+            "report": report,
+            "shielded": shielded,
+        }
     except StoreUnavailable as error:
         state = {"state": "failed", "job": job, "errors": [f"the recorded requests cannot be read: {error}"]}
     except Exception as error:  # a bug: the page must hear of it rather than poll until the job expires
@@ -176,7 +201,11 @@ def _job_answer(job: str) -> JsonResponse:
     if state["state"] != "done":
         return JsonResponse(state)
     report = state["report"]
-    html = render_to_string("admin/policies/_whatif_result.html", {"report": report, "subject": state["subject"]})
+    shielded = state.get("shielded") or {}
+    for row in report["tenants"]:
+        row["shielded"] = shielded.get(row["tenant"])
+    context = {"report": report, "subject": state["subject"], "shielded": shielded}
+    html = render_to_string("admin/policies/_whatif_result.html", context)
     return JsonResponse({"state": "done", "job": job, "html": html, "chart": _chart(report)})
 
 

@@ -85,6 +85,13 @@ def test_a_tier_change_is_previewed_on_recent_traffic_before_it_is_saved(page, r
     expect(acme.locator("td.blocked-by")).to_contain_text("team: token_bucket(10, 100/s) ×20")
     expect(page.locator("#whatif-summary")).to_contain_text("20 newly denied")
     assert chart_totals(page) == {"denied now": 0, "denied under the draft": 20}
+    # bigco overrides pro's team level: the change does not reach it, and the page says so.
+    expect(page.locator('#whatif-shielded li[data-tenant="bigco"]')).to_have_text(
+        "bigco overrides the team level: unaffected by this change."
+    )
+    # A zero is drawn as a zero: the newly allowed 0 is not in the alarm colour the 20 is in.
+    colour = "(el) => getComputedStyle(el).color"
+    assert acme.locator("td.newly-denied").evaluate(colour) != acme.locator("td.newly-allowed").evaluate(colour)
 
     # Nothing was saved: the policy is as it was, and the form still holds the change.
     assert read_policy().version == version
@@ -112,7 +119,7 @@ def test_a_tenant_moved_to_another_tier_is_previewed(page, recorded, operator): 
     page.select_option("#whatif-window", "15m")
     preview(page)
     acme = page.locator('#whatif-tenants tr[data-tenant="acme"]')
-    expect(acme.locator("td").first).to_contain_text("pro → free")
+    expect(acme.locator("td.tiers")).to_contain_text("pro → free")
     expect(acme.locator("td.newly-denied")).to_have_text("20")
     expect(acme.locator("td.blocked-by")).to_contain_text("user: token_bucket(10, 1/s) ×20")
     assert read_policy().tenants["acme"].tier == "pro"

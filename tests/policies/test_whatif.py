@@ -6,6 +6,7 @@ requests of cost 1 at one instant, and a minute later (at 1 token a second) it i
 """
 
 import copy
+import datetime as dt
 
 import pytest
 from django.core.management import call_command
@@ -314,3 +315,26 @@ def test_a_drafted_daily_quota_denies_what_passes_it_and_a_soft_one_denies_nothi
     report = what_if({"tiers": {"std": {"team": [*bucket(50), soft]}}}, WINDOW)
     assert tenant(report, "acme")["allowed_draft"] == 2 * BURST
     assert report["totals"]["blocked_by_draft"] == {}
+
+
+# --- tenants a tier's change does not reach (issue 25) --------------------------------------------
+
+
+def test_a_tenant_overriding_the_changed_level_is_named_as_unaffected(load):
+    from policies.admin.whatif import shielded_tenants
+    from tests.policies.conftest import POLICY as SPEC
+
+    load(copy.deepcopy(SPEC))  # bigco (pro) overrides the team level until 2026-12-31
+    now = START.timestamp()
+    team_only = {"tiers": {"pro": {"team": bucket(10, 5)}}}
+    assert shielded_tenants(*draft_policies(team_only), "pro", now) == {
+        "bigco": {"overridden": ["team"], "reached": []}
+    }
+    both_levels = {"tiers": {"pro": {"team": bucket(10, 5), "user": bucket(5, 5)}}}
+    assert shielded_tenants(*draft_policies(both_levels), "pro", now) == {
+        "bigco": {"overridden": ["team"], "reached": ["user"]}
+    }
+    assert shielded_tenants(*draft_policies({"tiers": {"pro": {"user": bucket(5, 5)}}}), "pro", now) == {}
+    assert shielded_tenants(*draft_policies({"tiers": {"free": {"team": bucket(5, 5)}}}), "free", now) == {}
+    after = dt.datetime(2027, 1, 1, tzinfo=dt.UTC).timestamp()  # the override has ended: reached
+    assert shielded_tenants(*draft_policies(team_only), "pro", after) == {}
