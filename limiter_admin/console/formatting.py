@@ -11,7 +11,9 @@ from urllib.parse import urlencode
 from django.urls import reverse
 from django.utils import timezone
 
-from policies.policy import TENANT_LEVEL
+from core import ConfigError, HierarchicalLimiter
+from policies.compile import policy_cache
+from policies.policy import TENANT_LEVEL, Policy
 
 # Numbers ----------------------------------------------------------------------------------
 
@@ -62,11 +64,47 @@ def duration(seconds: float | None, never: str = "never", zero: str = "0 s") -> 
 # Names and colours -------------------------------------------------------------------------
 
 
+# Hues a golden angle apart: however many rules a policy has, neighbours in the list differ most.
+GOLDEN_ANGLE = 137.508
+
+
 def rule_colour(name: str) -> str:
-    """A rule's colour, from its name alone: the same on every page, window and refresh."""
+    """A rule's colour ("level: rule"): the same on every page, window and refresh while the
+    policy is the same. The policy's own rules are spread around the colour wheel in the order
+    of their names (no two alike, as hashing made `token_bucket(50, 10/s)` and `gcra(...)`);
+    a name the policy no longer has (old denials) takes one from its hash."""
+    colour = policy_colours(policy_cache().current()).get(name)
+    if colour is not None:
+        return colour
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).digest()
     hue = int.from_bytes(digest[:2], "big") * 360 // 65536
     return f"hsl({hue}, {55 + digest[2] % 25}%, {38 + digest[3] % 14}%)"
+
+
+_colours: list = [None, {}]  # the policy the colours were worked out for, and they
+
+
+def policy_colours(policy: Policy) -> dict[str, str]:
+    """Each of the policy's rules ("level: rule", every tier's, override's and global one) by
+    name: a hue a golden angle from the one before, lightness in three steps. Worked out once
+    per policy read (a change of the policy is a new one)."""
+    if _colours[0] is policy:
+        return _colours[1]
+    configs = [policy.config(tier) for tier in policy.tiers]
+    configs += [policy.config(tenant.tier, tenant.overrides) for tenant in policy.tenants.values()]
+    names: set[str] = set()
+    for config in configs:
+        try:
+            limiter = HierarchicalLimiter.from_config(config)
+        except ConfigError:
+            continue  # a stored rule the engine no longer builds: its denials take a hashed colour
+        names.update(f"{level}: {rule.display()}" for level, rules in limiter.levels.items() for rule in rules)
+    colours = {
+        name: f"hsl({round(i * GOLDEN_ANGLE) % 360}, 65%, {(40, 48, 34)[i % 3]}%)"
+        for i, name in enumerate(sorted(names))
+    }
+    _colours[:] = [policy, colours]
+    return colours
 
 
 def key_name(level: str, key: str, team: str | None = None) -> str:
