@@ -13,6 +13,7 @@ share the worker's store, the in-process one included. The workers share the por
 
 import os
 import shutil
+import signal
 import tempfile
 
 # Fail fast rather than queue: a gateway waiting on the limiter is worse than a 503.
@@ -46,6 +47,16 @@ def post_fork(server, worker):
 
 
 def post_worker_init(worker):
+    # Ctrl-C reaches the workers as well as the master, which then sends them SIGQUIT (its quick
+    # stop). gthread's quick stop is not safe against a second signal: the SIGQUIT handler,
+    # landing inside the SIGINT one, waited forever for a lock (ThreadPoolExecutor.shutdown's)
+    # that the interrupted handler held, and the master SIGKILLed the worker after
+    # graceful_timeout ("Perhaps out of memory?"). Both take the graceful stop instead (SIGTERM's
+    # handler: a flag and a wake-up, safe in a signal handler): requests in flight are
+    # answered, a request arriving on a kept-alive connection is answered with "Connection:
+    # close", and idle ones are closed when their keep-alive runs out (bin/serve: 1 s).
+    for signum in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(signum, worker.handle_exit)
     bind = os.environ.get("RLS_BIND", "")
     if bind:
         # Here, after the fork: gRPC's threads must start in the process that serves.
