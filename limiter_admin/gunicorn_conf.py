@@ -16,6 +16,8 @@ import shutil
 import signal
 import tempfile
 
+from django.conf import settings
+
 # Fail fast rather than queue: a gateway waiting on the limiter is worse than a 503.
 timeout = 30
 graceful_timeout = 10
@@ -65,6 +67,24 @@ def post_worker_init(worker):
         # SO_REUSEPORT, as the workers share gunicorn's HTTP socket: several workers serve
         # the one port.
         worker.rls_server = start_server(bind, reuse_port=True)
+
+
+def pre_request(worker, req):
+    worker.log.debug("%s %s", req.method, req.path)  # gunicorn's own pre_request
+    # A body larger than Django takes is refused unread (the API's 400 malformed_request), and
+    # gunicorn drains at most 64 KB of what a request leaves unread before it closes the
+    # connection: say so in the answer ("Connection: close"), rather than promise keep-alive
+    # and drop the connection under the client's next request.
+    if content_length(req) > (settings.DATA_UPLOAD_MAX_MEMORY_SIZE or float("inf")):
+        req.force_close()
+
+
+def content_length(req) -> int:
+    """The request's Content-Length (0 when it has none; gunicorn has refused a bad one)."""
+    for name, value in req.headers:
+        if name == "CONTENT-LENGTH":
+            return int(value)
+    return 0
 
 
 def worker_exit(server, worker):
