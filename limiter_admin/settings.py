@@ -221,6 +221,9 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 # The dashboard's own scripts and the vendored front-end libraries (htmx, Chart.js): the
 # project package is no app, so its static directory is named here.
 STATICFILES_DIRS = [BASE_DIR / "limiter_admin" / "static"]
+# Served at the site's root by whitenoise: /favicon.ico, which every browser asks for (a 404
+# logged on every page before).
+WHITENOISE_ROOT = BASE_DIR / "limiter_admin" / "root"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     # Compressed but not hashed names: a manifest would make every template that uses
