@@ -212,6 +212,8 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 LANGUAGE_CODE = "en-us"
+# Times on the admin's pages as the console writes them, with their zone (limiter_admin/formats).
+FORMAT_MODULE_PATH = ["limiter_admin.formats"]
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
