@@ -9,6 +9,7 @@
     with client.slot(keys) as d:       # RateLimited when denied; a concurrency slot, if the
         call_the_model()               # policy has one, is released on exit
     client.release(d.lease)            # by hand: True when freed, False when it was not held
+    client.what_if(draft, "1h")        # an operator's (admin token): the replay's answer
 
 Answers are `core.Decision`s, as the engine's own (`retry_after` null in JSON is math.inf:
 the cost can never fit; so is a null `remaining`). Errors:
@@ -302,6 +303,17 @@ class LimiterClient:
         if not reservation.allowed:
             raise RateLimited(reservation.decision)
         return reservation
+
+    # Operators ------------------------------------------------------------------------------
+
+    def what_if(self, policy: Any, window: str = "1h", top: int = 100) -> dict:
+        """`POST /whatif` (an admin-scope token): the server's recent traffic replayed under its
+        policy and under `policy` (a draft: a policy document, whole or partial); the answer
+        as the API gives it. A replay may take minutes: give the client a `timeout` to match."""
+        status, data = self._post("/whatif", {"policy": policy, "window": window, "top": top})
+        if not isinstance(data, dict):
+            raise LimiterAPIError("bad_response", f"no what-if answer in {str(data)[:200]}", status=status)
+        return data
 
     # HTTP -----------------------------------------------------------------------------------
 

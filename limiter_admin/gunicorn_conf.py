@@ -11,9 +11,13 @@ share the worker's store, the in-process one included. The workers share the por
 (SO_REUSEPORT); stopping gunicorn stops them all.
 """
 
+import gc
 import os
 import shutil
+import signal
 import tempfile
+
+from django.conf import settings
 
 # Fail fast rather than queue: a gateway waiting on the limiter is worse than a 503.
 timeout = 30
@@ -46,6 +50,16 @@ def post_fork(server, worker):
 
 
 def post_worker_init(worker):
+    # Ctrl-C reaches the workers as well as the master, which then sends them SIGQUIT (its quick
+    # stop). gthread's quick stop is not safe against a second signal: the SIGQUIT handler,
+    # landing inside the SIGINT one, waited forever for a lock (ThreadPoolExecutor.shutdown's)
+    # that the interrupted handler held, and the master SIGKILLed the worker after
+    # graceful_timeout ("Perhaps out of memory?"). Both take the graceful stop instead (SIGTERM's
+    # handler: a flag and a wake-up, safe in a signal handler): requests in flight are
+    # answered, a request arriving on a kept-alive connection is answered with "Connection:
+    # close", and idle ones are closed when their keep-alive runs out (bin/serve: 1 s).
+    for signum in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(signum, worker.handle_exit)
     bind = os.environ.get("RLS_BIND", "")
     if bind:
         # Here, after the fork: gRPC's threads must start in the process that serves.
@@ -56,10 +70,33 @@ def post_worker_init(worker):
         worker.rls_server = start_server(bind, reuse_port=True)
 
 
+def pre_request(worker, req):
+    worker.log.debug("%s %s", req.method, req.path)  # gunicorn's own pre_request
+    # A body larger than Django takes is refused unread (the API's 400 malformed_request), and
+    # gunicorn drains at most 64 KB of what a request leaves unread before it closes the
+    # connection: say so in the answer ("Connection: close"), rather than promise keep-alive
+    # and drop the connection under the client's next request.
+    if content_length(req) > (settings.DATA_UPLOAD_MAX_MEMORY_SIZE or float("inf")):
+        req.force_close()
+
+
+def content_length(req) -> int:
+    """The request's Content-Length (0 when it has none; gunicorn has refused a bad one)."""
+    for name, value in req.headers:
+        if name == "CONTENT-LENGTH":
+            return int(value)
+    return 0
+
+
 def worker_exit(server, worker):
     rls = getattr(worker, "rls_server", None)
     if rls is not None:
         rls.stop(grace=1).wait()
+    # The worker exits next. Python's last collection there only frees memory the kernel takes
+    # back anyway, and walking a Django worker's heap took 0.5 s of CPU, more than the rest of
+    # a Ctrl-C, and more again at the console pool's low priority: objects alive now are left
+    # out of it. atexit handlers still run; a connection left open is closed with the process.
+    gc.freeze()
 
 
 def child_exit(server, worker):

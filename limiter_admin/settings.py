@@ -214,6 +214,8 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 LANGUAGE_CODE = "en-us"
+# Times on the admin's pages as the console writes them, with their zone (limiter_admin/formats).
+FORMAT_MODULE_PATH = ["limiter_admin.formats"]
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
@@ -223,6 +225,9 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 # The dashboard's own scripts and the vendored front-end libraries (htmx, Chart.js): the
 # project package is no app, so its static directory is named here.
 STATICFILES_DIRS = [BASE_DIR / "limiter_admin" / "static"]
+# Served at the site's root by whitenoise: /favicon.ico, which every browser asks for (a 404
+# logged on every page before).
+WHITENOISE_ROOT = BASE_DIR / "limiter_admin" / "root"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     # Compressed but not hashed names: a manifest would make every template that uses
@@ -264,6 +269,15 @@ SPECTACULAR_SETTINGS = {
         "QuotaUsedKindEnum": ["quota_used"],
         "DeniedShareKindEnum": ["denied_share"],
     },
+    # The groups of /api/docs/, in this order (Swagger UI shows the declared tags first).
+    "TAGS": [
+        {"name": "decisions", "description": "May this request go now? One, a batch, and a slot's release."},
+        {"name": "reservations", "description": "Reserve an estimated cost; commit the real one, or cancel."},
+        {"name": "forward-auth", "description": "One decision from a gateway's request headers (docs/GATEWAYS.md)."},
+        {"name": "observe", "description": "Live buckets, denials, usage, quotas, and the what-if replay."},
+        {"name": "policy", "description": "Tiers, tenants, levels, priority classes, settings and alerts."},
+        {"name": "alerts", "description": "An alert's delivery log and test sends."},
+    ],
     # The gateways' endpoints are plain Django views, described by DRF views of their own.
     "PREPROCESSING_HOOKS": ["policies.api.gateway.gateway_endpoints"],
     # The schema tells the truth about requests: unknown fields are refused, and names that

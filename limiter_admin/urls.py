@@ -2,12 +2,15 @@
 
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from limiter_admin import views
 from policies.api import errors as api_errors
 
 urlpatterns = [
+    # The site's root is the console's dashboard (the admin's login first, for a visitor).
+    path("", RedirectView.as_view(pattern_name="admin:dashboard"), name="home"),
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
     path("metrics", views.metrics, name="metrics"),

@@ -28,6 +28,9 @@ ARROW = "→"
 MOST_SHOWN = 3  # changes of one record a sentence spells out; the rest are counted
 RULE_FIELDS = ("label", "shadow", "counts")  # a rule's fields besides its type and parameters
 VERBS = {"+": "created", "~": "changed", "-": "deleted"}
+# The change reason of the record a revert makes starts so (`revert_reason`): the history pages,
+# the recent actions and the policy versions say "reverted" for it, not "changed".
+REVERT_PREFIX = "Revert to its version of "
 
 
 @dataclass(frozen=True)
@@ -270,6 +273,23 @@ def _shown_name(record, kind: str, names: Names) -> str:
     return "" if name == kind else name  # the policy settings: one row, named by its kind
 
 
+def revert_reason(record) -> str:
+    """The change reason of a revert to `record`: when that version was made, in UTC, and the
+    policy version it made (when it was logged)."""
+    when = f"{record.history_date.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC"
+    version = f" (policy version {record.policy_version})" if record.policy_version else ""
+    return f"{REVERT_PREFIX}{when}{version}"
+
+
+def is_revert(record) -> bool:
+    return (record.history_change_reason or "").startswith(REVERT_PREFIX)
+
+
+def action_of(record) -> str:
+    """What a record did, as its history page's Comment says: Created, Changed, Reverted, Deleted."""
+    return "Reverted" if is_revert(record) else VERBS[record.history_type].capitalize()
+
+
 def sentence(record, changes: Sequence[Change], names: Names, most: int = MOST_SHOWN) -> str:
     """`changed tier pro: user: token_bucket capacity 100 → 200` (at most `most` changes spelled
     out, the others counted)."""
@@ -281,14 +301,15 @@ def sentence_parts(record, changes: Sequence[Change], names: Names, most: int = 
     done to what kind of row (`changed tier `), the row's name, and the changes (`: ...`)."""
     kind = kind_of(record)
     name = _shown_name(record, kind, names)
-    if record.history_type == "~" and not changes:
+    reverted = is_revert(record)
+    if record.history_type == "~" and not changes and not reverted:
         return f"saved {kind} ", name, " (no change)"
-    detail = ""
+    detail = f" to its version of {record.history_change_reason.removeprefix(REVERT_PREFIX)}" if reverted else ""
     if changes and record.history_type != "-":
         more = len(changes) - most
-        detail = ": " + "; ".join(str(change) for change in changes[:most])
+        detail += ": " + "; ".join(str(change) for change in changes[:most])
         detail += f"; and {more} more change{'s' * (more > 1)}" if more > 0 else ""
-    return f"{VERBS[record.history_type]} {kind}{' ' if name else ''}", name, detail
+    return f"{action_of(record).lower()} {kind}{' ' if name else ''}", name, detail
 
 
 # --- policy versions ------------------------------------------------------------------------

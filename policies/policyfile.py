@@ -13,19 +13,21 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from core import ConfigError
 from core.config import DEFAULT_FALLBACK_FRACTION, parse_priorities
 
 from .documents import TOO_DEEP, too_deep
+from .durations import window_pattern, window_seconds
 from .history import replace_rules
 from .integrity import check_deletable
 from .invariants import (
@@ -86,8 +88,9 @@ def global_level(levels: tuple[str, ...]) -> str:
 # Checking ---------------------------------------------------------------------------------
 
 
-def check_document(doc: Any) -> dict:
-    """The document, checked and normalised; raises ConfigError naming the first bad field."""
+def check_document(doc: Any, now: Callable[[], dt.datetime] = timezone.now) -> dict:
+    """The document, checked and normalised; raises ConfigError naming the first bad field.
+    `now`: the moment an `overrides_until` given as a duration (`90d`) counts from."""
     doc = _mapping(doc if doc is not None else {}, "")
     unknown_fields = sorted(set(doc) - set(TOP_LEVEL_FIELDS))
     if unknown_fields:
@@ -103,7 +106,7 @@ def check_document(doc: Any) -> dict:
     if default_tier is not None and not _names_one_of(default_tier, tiers):
         raise ConfigError(unknown("tier", default_tier, tiers), "default_tier")
     tenants = {
-        key: _check_tenant(key, spec, tiers, default_tier, names, global_rules)
+        key: _check_tenant(key, spec, tiers, default_tier, names, global_rules, now)
         for key, spec in _mapping(doc.get("tenants", {}), "tenants").items()
     }
     priorities = doc.get("priorities")
@@ -241,7 +244,13 @@ def _check_global(spec: Any, levels: tuple[str, ...]) -> dict[str, list[dict]]:
 
 
 def _check_tenant(
-    key: Any, spec: Any, tiers: dict, default_tier: str | None, levels: tuple[str, ...], global_rules: dict
+    key: Any,
+    spec: Any,
+    tiers: dict,
+    default_tier: str | None,
+    levels: tuple[str, ...],
+    global_rules: dict,
+    now: Callable[[], dt.datetime],
 ) -> dict:
     path = f"tenants.{key}"
     if not isinstance(key, str) or not key or len(key) > 200:
@@ -259,8 +268,21 @@ def _check_tenant(
     return {
         "tier": tier,
         "overrides": overrides,
-        "overrides_until": _datetime(spec.get("overrides_until"), f"{path}.overrides_until"),
+        "overrides_until": _until(spec.get("overrides_until"), f"{path}.overrides_until", now),
     }
+
+
+# `overrides_until` as a duration from the load, in whole hours or days up to ten years: `90d`.
+UNTIL_FROM_NOW = window_pattern(3650 * 86400, "hd")
+
+
+def _until(value: Any, path: str, now: Callable[[], dt.datetime]) -> dt.datetime | None:
+    """A moment, or a duration from `now` (whole seconds): a file whose override lasts 90 days
+    from each load (the demo's), where a date would have passed a year later."""
+    seconds = window_seconds(value, UNTIL_FROM_NOW)
+    if seconds is None:
+        return _datetime(value, path)
+    return (now() + dt.timedelta(seconds=seconds)).astimezone(dt.UTC).replace(microsecond=0)
 
 
 def _datetime(value: Any, path: str) -> dt.datetime | None:
@@ -268,7 +290,7 @@ def _datetime(value: Any, path: str) -> dt.datetime | None:
         return None
     moment = value if isinstance(value, dt.datetime) else parse_datetime(value) if isinstance(value, str) else None
     if moment is None:
-        raise ConfigError("must be a date and time like 2026-12-31T00:00:00Z", path)
+        raise ConfigError("must be a date and time like 2026-12-31T00:00:00Z, or a time from the load like 90d", path)
     if moment.tzinfo is None:
         return moment.replace(tzinfo=dt.UTC)
     # Kept in UTC: PostgreSQL refuses offsets past 15:59 that Python parses (-21:00).

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -45,8 +46,7 @@ def children(pid: int) -> list[int]:
     return [int(child) for child in found]
 
 
-@pytest.fixture
-def prepared(redis_url):
+def prepare(redis_url: str | None) -> Service:
     """A migrated database with a policy and a token, as `make run` leaves it before serving."""
     service = Service(POLICY, redis_url=redis_url)
     path = os.path.join(service.directory.name, "policy.json")
@@ -55,6 +55,20 @@ def prepared(redis_url):
     service.manage("migrate", "--noinput")
     service.manage("loadpolicies", path)
     service.token = service.manage("createservicetoken", "gateway").strip().splitlines()[-1]
+    return service
+
+
+@pytest.fixture
+def prepared(redis_url):
+    service = prepare(redis_url)
+    yield service
+    service.directory.cleanup()
+
+
+@pytest.fixture
+def prepared_in_process():
+    """As `make run` leaves it without REDIS_URL: one pool of one worker."""
+    service = prepare(None)
     yield service
     service.directory.cleanup()
 
@@ -99,3 +113,93 @@ def test_without_redis_one_pool_serves_everything(prepared):
     )
     [line] = [line for line in done.stdout.splitlines() if "bin/serve" in line]
     assert "GATEWAY_BIND=''" in line and "WORKERS='1'" in line
+
+
+class PacedGateway(threading.Thread):
+    """A gateway's keep-alive connection: a decision, a pause, the next one on the same
+    connection, until told to stop or the server is gone. `answers`: the statuses."""
+
+    def __init__(self, port: int, token: str, pause: float) -> None:
+        super().__init__(daemon=True)
+        self.port, self.token, self.pause = port, token, pause
+        self.answers: list[int] = []
+        self.connection_said = ""  # the last answer's Connection field: keep-alive or close
+        self.failure: OSError | None = None  # how the next request failed, once the server stopped
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"}
+        body = json.dumps({"keys": {"team": "acme", "user": "u1"}})
+        try:
+            while not self.stopping.is_set():
+                connection.request("POST", "/api/v1/decisions", body, headers)
+                response = connection.getresponse()
+                response.read()
+                self.answers.append(response.status)
+                self.connection_said = response.getheader("Connection", "")
+                self.stopping.wait(self.pause)  # the gateway's pace, not an edge under test
+        except OSError as error:
+            self.failure = error
+        finally:
+            connection.close()
+
+
+def serve(service: Service, **env: str) -> tuple[subprocess.Popen, int]:
+    """bin/serve on `service`'s database, in a session of its own (as a terminal runs it), once
+    it answers on PORT."""
+    port = free_port()
+    environ = {**service.env, "PORT": str(port), "RLS_BIND": "", "BIN": str(Path(os.sys.executable).parent), **env}
+    serving = subprocess.Popen(
+        ["bin/serve"], cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while not answering(port) and time.monotonic() < deadline:
+        time.sleep(0.05)  # start-up polling, not an edge under test
+    assert answering(port), "bin/serve did not answer"
+    return serving, port
+
+
+@pytest.mark.parametrize("pools", ["one pool, in-process store", "two pools, Redis"])
+def test_ctrl_c_stops_within_a_second_while_gateways_hold_kept_alive_connections(pools, request):
+    """Issue 25: Ctrl-C took 10 s and logged "Worker was sent SIGKILL! Perhaps out of memory?"
+    while gateways held kept-alive connections: the worker's quick stop, handling the master's
+    SIGQUIT inside the terminal's SIGINT, waited forever for a lock the first handler held."""
+    if pools.startswith("one"):
+        service, env = request.getfixturevalue("prepared_in_process"), {"GATEWAY_BIND": "", "WORKERS": "1"}
+    else:
+        service = request.getfixturevalue("prepared")
+        env = {"GATEWAY_BIND": f"127.0.0.1:{free_port()}", "WORKERS": "2", "CONSOLE_WORKERS": "1"}
+    serving, port = serve(service, **env)
+    gateways = [PacedGateway(port, service.token, pause) for pause in (0.2, 0.3, 0.5)]
+    idle = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        for gateway in gateways:
+            gateway.start()
+        idle.request("GET", "/healthz")
+        idle.getresponse().read()  # answered, and held open (keep-alive) without another request
+        while not all(len(gateway.answers) >= 2 for gateway in gateways):
+            time.sleep(0.05)  # until every gateway is under way on its connection
+        os.killpg(serving.pid, signal.SIGINT)  # Ctrl-C in a terminal: every process of the session
+        started = time.monotonic()
+        status = serving.wait(15)
+        took = time.monotonic() - started
+        log = serving.stdout.read().decode()
+        assert status == 0, log
+        assert took < 2, f"stopping took {took:.1f} s:\n{log}"
+        assert "SIGKILL" not in log and "[ERROR]" not in log, log
+        assert not answering(port)
+    finally:
+        for gateway in gateways:
+            gateway.stopping.set()
+        idle.close()
+        if serving.poll() is None:
+            os.killpg(serving.pid, signal.SIGKILL)
+            serving.wait()
+    for gateway in gateways:
+        gateway.join(10)
+        assert gateway.answers and set(gateway.answers) == {200}
+        # A request failed only on a new connection, opened because the last answer said
+        # "Connection: close" (refused, or reset from the backlog of a worker on its way out),
+        # never on a connection the server had said it would keep.
+        assert gateway.failure is None or gateway.connection_said == "close", (gateway.failure, gateway.answers)

@@ -184,3 +184,21 @@ def test_the_deploy_check_passes_behind_tls_with_a_real_secret_key(tmp_path):
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_sites_root_goes_to_the_console(client):
+    """Issue 25: `/` was a 404 debug page under `make run`."""
+    response = client.get("/", follow=True)
+    assert response.redirect_chain == [("/admin/dashboard/", 302), ("/admin/login/?next=/admin/dashboard/", 302)]
+    assert response.status_code == 200 and b"Log in" in response.content
+
+
+def test_the_favicon_is_served_and_logs_no_404(client, caplog):
+    """Issue 25: every page logged `Not Found: /favicon.ico`."""
+    with caplog.at_level("WARNING", logger="django.request"):
+        response = client.get("/favicon.ico")
+    assert response.status_code == 200
+    icon = b"".join(response.streaming_content)
+    assert icon[:4] == b"\x00\x00\x01\x00" and b"PNG" in icon[:40]  # an ICO holding one PNG
+    assert response["Content-Type"] in ("image/x-icon", "image/vnd.microsoft.icon")
+    assert not caplog.records

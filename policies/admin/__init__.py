@@ -170,7 +170,7 @@ class RuleOwnerAdmin(VersionedAdmin):
         for row in record.rules:
             fields = {name: row[name] for name in ("type", "params", "label", "shadow", "counts")}
             rows.append((levels.get(row["level"], f"#{row['level']} (deleted)"), json.dumps(Rule(**fields).spec())))
-        return {"revert_rules": rows}
+        return {"revert_rules": rows, "revert_rules_owner": record.instance_type._meta.verbose_name}
 
     def reverted(self, request, obj, record) -> None:
         put_back_rules(obj, record)

@@ -7,18 +7,20 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import messages
-from django.contrib.admin.utils import unquote
+from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
+from django.utils.html import format_html
 from simple_history.admin import SimpleHistoryAdmin
 
-from ..changes import Names, previous_records, record_changes
+from ..changes import REVERT_PREFIX, Names, action_of, previous_records, record_changes, revert_reason
 from ..history import revert_refusal
 from ..integrity import check_deletable
 from ..invariants import PolicyViolation
-from ..models import StaleVersion
+from ..models import PolicyChange, StaleVersion
 
 STALE_MESSAGE = (
     "This {kind} changed since you opened it (someone else saved it, or a policy file was "
@@ -84,12 +86,20 @@ class PolicyAdmin(SimpleHistoryAdmin):
 
     def set_history_delta_changes(self, request, historical_records, foreign_keys_are_objs=True):
         """Each record's changes as `policies.changes` words them: field diffs without the
-        version counter, related rows by name, and a tier's or tenant's rules diffed too."""
+        version counter, related rows by name, and a tier's or tenant's rules diffed too; what
+        it did (a revert says so), and who made it: the operator, else the author its policy
+        version names (`token:<name>`, `loadpolicies demo.yaml`)."""
         records = list(historical_records)
         names = Names()
         previous = previous_records(records)
+        versions = {record.policy_version for record in records if record.policy_version}
+        authors = dict(PolicyChange.objects.filter(version__in=versions).values_list("version", "by"))
         for record in records:
             record.changes = record_changes(record, previous.get(record.history_id), names)
+            record.action = action_of(record)
+            record.author = record.history_user or authors.get(record.policy_version) or ""
+            reason = record.history_change_reason or ""
+            record.reason = "" if reason == str(record.author) else reason  # a token: its name, said once
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         try:
@@ -110,6 +120,8 @@ class PolicyAdmin(SimpleHistoryAdmin):
         if refusal:
             context["revert_disabled"] = True  # no Revert button
         context.update(extra_context or {})
+        if request.method == "POST":
+            request.reverting_to = record  # read by save_model and response_change
         try:
             with transaction.atomic():
                 response = super().history_form_view(request, object_id, version_id, context)
@@ -119,6 +131,27 @@ class PolicyAdmin(SimpleHistoryAdmin):
         except StaleVersion:
             self.message_user(request, STALE_MESSAGE.format(kind=self.model._meta.verbose_name), messages.ERROR)
             return HttpResponseRedirect(request.path)
+
+    def save_model(self, request, obj, form, change):
+        record = getattr(request, "reverting_to", None)
+        if record is not None:
+            obj._change_reason = revert_reason(record)  # the record this save makes says it reverted
+        super().save_model(request, obj, form, change)
+
+    def response_change(self, request, obj):
+        """After a revert: say what was put back, and stay on the row (its change page)."""
+        record = getattr(request, "reverting_to", None)
+        if record is None:
+            return super().response_change(request, obj)
+        opts = self.model._meta
+        url = reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[quote(obj.pk)])
+        when = revert_reason(record).removeprefix(REVERT_PREFIX)
+        self.message_user(
+            request,
+            format_html("Reverted the {} “{}” to its version of {}.", opts.verbose_name, obj, when),
+            messages.SUCCESS,
+        )
+        return HttpResponseRedirect(url)
 
     def history_record(self, object_id, version_id):
         """The history record `version_id` of the row `object_id`, or a 404."""

@@ -120,7 +120,9 @@ _DESCRIPTION: dict[str, Any] = {
         ),
     },
     "summary": "Forward-auth: may this request go? (any method)",
-    "tags": ["decisions"],
+    # A group of its own: its ten operations (five methods, two paths) sort before /decisions
+    # and opened the decisions group of /api/docs/.
+    "tags": ["forward-auth"],
     "description": "For gateways' forward-auth: the keys come from request headers (LIMITER_AUTHZ_KEYS; "
     "the default shown), the answer is the status. See docs/GATEWAYS.md.",
 }

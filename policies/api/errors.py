@@ -104,6 +104,9 @@ def error_answer(exc: Exception) -> tuple[int, dict, dict] | None:
         if isinstance(exc, Busy):
             headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
         return SERVICE_STATUS.get(type(exc), 400), error_body(exc.code, exc.message, exc.fields), headers
+    if isinstance(exc, RequestDataTooBig):
+        # Django answers this with its debug page under DEBUG, whatever handler400 says.
+        return 400, error_body("malformed_request", too_big_message()), headers
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
@@ -156,11 +159,12 @@ def server_error(request, *args, **kwargs) -> JsonResponse:
 def bad_request(request, exception=None) -> JsonResponse:
     """handler400 for the API's paths: what Django refuses before any view runs, such as a
     body larger than DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB), in the error shape."""
-    if isinstance(exception, RequestDataTooBig):
-        message = f"the body is larger than the {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes allowed"
-    else:
-        message = "bad request"
+    message = too_big_message() if isinstance(exception, RequestDataTooBig) else "bad request"
     return JsonResponse(error_body("malformed_request", message), status=status.HTTP_400_BAD_REQUEST)
+
+
+def too_big_message() -> str:
+    return f"the body is larger than the {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes allowed"
 
 
 def page_not_found(request, exception=None) -> JsonResponse:

@@ -240,3 +240,28 @@ def test_the_hook_adds_each_described_gateway_view_once_per_method():
     assert "/api/v1/decisions" in paths and "/api/v1/decisions/batch" in paths
     assert len(paths) == len(set(paths))
     assert all(issubclass(callback.cls, GatewayView) is False for _, _, _, callback in added)
+
+
+def test_forward_auth_has_a_group_of_its_own_in_the_schema_and_the_decisions_group_opens_the_docs(db):
+    """Issue 25: /api/docs/ opened the decisions group with ten /authz rows (five methods, two
+    paths, sorted before /decisions). Same paths; a tag of their own; the groups in order."""
+    from drf_spectacular.generators import SchemaGenerator
+
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    by_tag: dict[str, list[str]] = {}
+    for path, item in schema["paths"].items():
+        for method, operation in item.items():
+            for tag in operation["tags"]:
+                by_tag.setdefault(tag, []).append(f"{method.upper()} {path}")
+    methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+    assert sorted(by_tag["forward-auth"]) == sorted(
+        f"{method} {path}" for path in ("/api/v1/authz", "/api/v1/authz/{rest}") for method in methods
+    )
+    assert by_tag["decisions"] == [
+        "POST /api/v1/decisions",
+        "POST /api/v1/decisions/batch",
+        "POST /api/v1/leases/{lease}/release",
+    ]
+    declared = [tag["name"] for tag in schema["tags"]]
+    assert declared[:3] == ["decisions", "reservations", "forward-auth"]
+    assert set(by_tag) <= set(declared)  # every group has its place; none left to the viewer's order

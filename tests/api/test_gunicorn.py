@@ -1,6 +1,9 @@
 """End to end: gunicorn with 4 workers sharing a real Redis; exactness across processes."""
 
+import json
+import socket
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +133,122 @@ def test_four_workers_spend_a_quota_exactly_with_reservations_settled_above_and_
         assert spent == 0  # the overspend shows: nothing more is allowed
     else:  # every unit spent once: a spend of 1 no longer fits in what is left
         assert 0 <= left < 1, (charged, spent)
+
+
+# --- what gunicorn, as `make run` serves (DEBUG=1), answers to a body or a header too large ----------
+
+TEAM_POLICY = {
+    "default_tier": "t",
+    "levels": [{"name": "team"}],
+    "tiers": {"t": {"team": [{"type": "token_bucket", "capacity": 50, "per_second": 0}]}},
+}
+MB3 = 3 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def debug_service():
+    from tests.serving import Service
+
+    with Service(TEAM_POLICY, extra_env={"DEBUG": "1"}, scope="admin") as service:
+        yield service
+
+
+class Raw:
+    """One keep-alive connection spoken to byte by byte, so that a test sees the Connection
+    field and whether the server really keeps the connection open afterwards."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.buffer = b""
+
+    def send(self, head: str, body: bytes = b"") -> None:
+        self.sock.sendall(head.encode("latin-1") + b"\r\n")
+        try:
+            self.sock.sendall(body)
+        except OSError:
+            pass  # the server answered and closed before the whole body went: read its answer
+
+    def answer(self) -> tuple[int, dict[str, str], bytes]:
+        while b"\r\n\r\n" not in self.buffer:
+            self._more()
+        head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines[1:])}
+        length = int(headers.get("content-length", "0"))
+        while len(self.buffer) < length:
+            self._more()
+        body, self.buffer = self.buffer[:length], self.buffer[length:]
+        return int(lines[0].split()[1]), headers, body
+
+    def closed_by_server(self) -> bool:
+        """True when the server has closed its side (end of stream, or a reset)."""
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def _more(self) -> None:
+        data = self.sock.recv(65536)
+        if not data:
+            raise ConnectionError("the server closed the connection before answering")
+        self.buffer += data
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def post_head(service, path: str, length: int) -> str:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {service.token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n"
+    )
+
+
+@pytest.mark.parametrize("path", ["/api/v1/decisions", "/api/v1/tenants"])
+def test_under_debug_a_body_too_large_is_the_apis_json_and_the_connection_says_close(debug_service, path):
+    """Issue 25: a 3 MB body got Django's 94 KB HTML debug page under DEBUG=1, and an answer that
+    said "Connection: keep-alive" on a connection gunicorn then dropped."""
+    body = b'{"keys": {"team": "' + b"a" * MB3 + b'"}}'
+    raw = Raw(debug_service.port)
+    try:
+        raw.send(post_head(debug_service, path, len(body)), body)
+        status, headers, content = raw.answer()
+        assert status == 400 and headers["content-type"] == "application/json", content[:200]
+        assert json.loads(content)["error"] == {
+            "code": "malformed_request",
+            "message": "the body is larger than the 2621440 bytes allowed",
+            "fields": {},
+        }
+        assert headers["connection"] == "close"
+        assert raw.closed_by_server()
+    finally:
+        raw.close()
+
+
+def test_a_body_within_the_limit_keeps_the_connection_alive(debug_service):
+    body = json.dumps({"keys": {"team": "kept"}}).encode()
+    raw = Raw(debug_service.port)
+    try:
+        for _ in range(2):  # the second request on the same connection is answered too
+            raw.send(post_head(debug_service, "/api/v1/decisions", len(body)), body)
+            status, headers, content = raw.answer()
+            assert status == 200 and json.loads(content)["allowed"] is True
+            assert headers["connection"] == "keep-alive"
+    finally:
+        raw.close()
+
+
+def test_a_header_too_large_is_gunicorns_own_431_page_as_docs_api_says(debug_service):
+    """gunicorn refuses a header field over 8,190 bytes before the application sees it, with a
+    short HTML page, and has no hook to answer otherwise: docs/API.md says so."""
+    raw = Raw(debug_service.port)
+    try:
+        raw.send(f"GET /api/v1/tiers HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: {'b' * 10_000}\r\n")
+        status, headers, content = raw.answer()
+        assert status == 431 and headers["content-type"] == "text/html"
+        assert b"Request Header Fields Too Large" in content
+        assert headers["connection"] == "close" and raw.closed_by_server()
+    finally:
+        raw.close()
+    api = Path(__file__).resolve().parents[2].joinpath("docs", "API.md").read_text()
+    assert "431" in api and "limit_request_field_size" in api

@@ -137,3 +137,37 @@ def test_rule_pages_fit_1366_and_390_px_and_their_tables_scroll_in_their_own_box
     capacity = page.locator('input[name="rules-1-token_bucket__capacity"]')
     assert capacity.evaluate("el => el.getBoundingClientRect().right") <= width
     assert page.outside == [] and page.errors == []
+
+
+@pytest.mark.parametrize("width", [1366, 390])
+def test_a_revert_in_the_browser_lands_on_the_row_and_its_history_says_reverted(
+    page, live_server, tinyco, operator, width
+):
+    """Issue 25: a revert was logged as "Changed" with reason "None", and left the operator
+    on the list of tiers; times had no zone."""
+    pro = Tier.objects.get(name="pro")
+    first = pro.history.earliest()
+    log_in(page)
+    page.set_viewport_size({"width": width, "height": 900})
+    page.goto(f"/admin/policies/tier/{pro.pk}/change/")
+    page.locator('input[name="rules-1-token_bucket__capacity"]').fill("60")
+    page.click('input[name="_continue"]')
+    expect(page.locator(".messagelist")).to_contain_text("was changed successfully")
+
+    page.goto(f"/admin/policies/tier/{pro.pk}/history/{first.history_id}/")
+    page.click('input[value="Revert"]')
+    page.wait_for_url(f"**/admin/policies/tier/{pro.pk}/change/")
+    expect(page.locator(".messagelist")).to_contain_text("Reverted the tier “pro” to its version of ")
+    assert pro.rules.get(position=1, level__name="user").params["capacity"] == 50
+
+    page.goto(f"/admin/policies/tier/{pro.pk}/history/")
+    page.wait_for_load_state("networkidle")
+    latest = page.locator("#change-history tbody tr").first
+    expect(latest).to_contain_text("Reverted")
+    expect(latest).to_contain_text("Revert to its version of ")
+    expect(latest).to_contain_text(" UTC")
+    expect(latest.locator(".history-changes")).to_contain_text("capacity 60 → 50")
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    SCREENSHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"tier-history-reverted-{width}.png"), full_page=True)
+    assert page.outside == [] and page.errors == []

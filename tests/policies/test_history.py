@@ -5,11 +5,15 @@ list of versions shows what each changed, a tier's or tenant's rules field by fi
 
 from __future__ import annotations
 
+import datetime as dt
 import html
+import io
+import json
 import re
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from django.forms import MultiWidget
 from django.test import Client
 
@@ -28,6 +32,7 @@ PRO_RULES = {
     "team": [{"type": "token_bucket", "capacity": 1000, "per_second": 100}],
 }
 NEW_RULES = {"user": [{"type": "token_bucket", "capacity": 7, "per_second": 7}]}
+TEAM_RULE = [{"type": "token_bucket", "capacity": 100, "per_second": 10}]
 
 
 @pytest.fixture
@@ -412,3 +417,74 @@ def test_only_an_operator_who_may_change_a_tier_can_revert_it(loaded, api):
 
     assert response.status_code == 403
     assert pro_by_pk(first).name == "renamed"
+
+
+# --- the history reads well (issue 25) --------------------------------------------------------------
+
+
+def history_rows(response) -> list[list[str]]:
+    """The history list's rows, each cell's text."""
+    table = text(response).split('id="change-history"', 1)[1].split("</table>", 1)[0]
+    return [
+        [" ".join(re.sub(r"<[^>]+>", " ", cell).split()) for cell in re.findall(r"<td>(.*?)</td>", row, re.DOTALL)]
+        for row in re.findall(r"<tr>(.*?)</tr>", table, re.DOTALL)
+        if "<td>" in row
+    ]
+
+
+def test_a_revert_says_revert_names_the_version_it_put_back_and_stays_on_the_row(admin, api):
+    first = pro().history.earliest()
+    api.put("/api/v1/tiers/pro", {"name": "pro", "rules": NEW_RULES, "version": 1}, format="json")
+
+    response = revert(admin, pro(), first, follow=True)
+
+    when = f"{first.history_date.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC (policy version {first.policy_version})"
+    assert response.redirect_chain == [(f"/admin/policies/tier/{pro().pk}/change/", 302)]
+    assert [str(m) for m in response.context["messages"]] == [f"Reverted the tier “pro” to its version of {when}."]
+    assert pro().history.latest().history_change_reason == f"Revert to its version of {when}"
+    newest = history_rows(admin.get(f"/admin/policies/tier/{pro().pk}/history/"))[0]
+    assert newest[2:5] == ["Reverted", "operator", f"Revert to its version of {when}"]
+    index = text(admin.get("/admin/"))
+    assert f"Reverted tier pro to its version of {when}: user: token_bucket capacity 7 → 50" in re.sub(
+        r"<[^>]+>", "", index
+    )
+
+
+def test_each_version_names_who_made_it_a_command_a_token_or_an_operator(loaded, commits, tmp_path):
+    """Rows a policy file made said "None" twice where Policy versions knew the command."""
+    path = tmp_path / "shop.yaml"
+    path.write_text(json.dumps({"default_tier": "basic", "levels": ["team"], "tiers": {"basic": {"team": TEAM_RULE}}}))
+    with commits():
+        call_command("loadpolicies", str(path), stdout=io.StringIO())
+    api = token_client(make_token("admin", "ops-script"))
+    api.patch(
+        "/api/v1/tiers/basic", {"version": 1, "rules": {"team": [{**TEAM_RULE[0], "capacity": 9}]}}, format="json"
+    )
+    operator = Client()
+    operator.force_login(get_user_model().objects.create_superuser("operator", password="pw-for-tests"))
+    basic = Tier.objects.get(name="basic")
+    rows = history_rows(operator.get(f"/admin/policies/tier/{basic.pk}/history/"))
+    assert [row[2:5] for row in rows] == [
+        ["Changed", "token:ops-script", ""],  # the token said once, not again as the reason
+        ["Created", "loadpolicies shop.yaml", ""],
+    ]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", row[1]) for row in rows), rows
+
+
+def test_a_version_without_overrides_says_so_rather_than_none(admin, api):
+    acme = Tenant.objects.get(key="acme")
+    first = acme.history.earliest()
+    overrides = {"team": [{"type": "token_bucket", "capacity": 5, "per_second": 5}]}
+    api.patch("/api/v1/tenants/acme", {"version": acme.version, "overrides": overrides}, format="json")
+    page = text(admin.get(history_url(acme, first)))
+    assert "No overrides: the tenant had no rules of its own, so its tier's rules applied." in page
+    assert "Reverting removes its current rules." in page
+    assert "<p>None.</p>" not in page
+
+
+def test_times_on_the_history_and_the_policy_versions_are_in_utc_and_say_so(admin, api):
+    api.put("/api/v1/tiers/pro", {"name": "pro", "rules": NEW_RULES, "version": 1}, format="json")
+    for url in (f"/admin/policies/tier/{pro().pk}/history/", "/admin/policies/policychange/"):
+        page = text(admin.get(url))
+        assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", page), url
+        assert "a.m." not in page and "p.m." not in page and "midnight" not in page, url

@@ -294,6 +294,43 @@ def test_an_expiry_with_any_offset_python_reads_is_kept_as_the_same_moment_in_ut
     assert kept == dt.datetime(2042, 1, 14, 6, 14, 50, tzinfo=dt.UTC)
 
 
+@pytest.mark.parametrize(("given", "seconds"), [("90d", 90 * 86400), ("12h", 12 * 3600), ("3650d", 3650 * 86400)])
+def test_an_expiry_given_as_a_duration_counts_from_the_load(policy, given, seconds):
+    import datetime as dt
+
+    from .conftest import START
+
+    policy["tenants"]["bigco"]["overrides_until"] = given
+    checked = check_document(policy, now=lambda: START)
+    assert checked["tenants"]["bigco"]["overrides_until"] == START + dt.timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("given", ["90", "90 d", "1.5d", "0d", "3651d", "90w", "-1d", "P90D"])
+def test_an_expiry_that_is_neither_a_moment_nor_a_duration_is_refused_at_its_path(policy, given):
+    policy["tenants"]["bigco"]["overrides_until"] = given
+    with pytest.raises(ConfigError) as refused:
+        check_document(policy)
+    assert refused.value.path == "tenants.bigco.overrides_until"
+    assert "or a time from the load like 90d" in refused.value.reason
+
+
+def test_the_demos_override_lasts_90_days_from_its_load_and_exports_as_that_moment(commits):
+    """Issue 25: the demo's bigco override ended on a fixed 2026-12-31, already past (or about
+    to be) for whoever ran `make run` later."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    assert "2026-12-31" not in DEMO.read_text().split("overrides_until:", 1)[1].splitlines()[0]
+    before = timezone.now().replace(microsecond=0)
+    with commits():
+        call_command("loadpolicies", "demo", stdout=io.StringIO())
+    after = timezone.now()
+    until = Tenant.objects.get(key="bigco").overrides_until
+    assert before + dt.timedelta(days=90) <= until <= after + dt.timedelta(days=90)
+    assert export_policy()["tenants"]["bigco"]["overrides_until"] == until.isoformat().replace("+00:00", "Z")
+
+
 # --- alerts ---------------------------------------------------------------------------------------
 
 ALERTS = {

@@ -7,6 +7,10 @@ requests of cost 1 at one instant, and a minute later (at 1 token a second) it i
 
 import copy
 import datetime as dt
+import io
+import re
+import subprocess
+import sys
 
 import pytest
 from django.core.management import call_command
@@ -18,6 +22,7 @@ from policies.compile import read_policy
 from policies.policyfile import export_policy, load_policy
 from policies.services.whatif import draft_policies, merge_draft, series_step, what_if, what_if_table
 from policies.telemetry import install_decision_recorder, reset_decision_recorder
+from tests.serving import ROOT
 
 from .conftest import START
 from .test_policyfile import snapshot
@@ -338,3 +343,128 @@ def test_a_tenant_overriding_the_changed_level_is_named_as_unaffected(load):
     assert shielded_tenants(*draft_policies({"tiers": {"free": {"team": bucket(5, 5)}}}), "free", now) == {}
     after = dt.datetime(2027, 1, 1, tzinfo=dt.UTC).timestamp()  # the override has ended: reached
     assert shielded_tenants(*draft_policies(team_only), "pro", after) == {}
+
+
+# --- the command without REDIS_URL: the record is the server's (issue 25) -------------------------
+
+
+def test_with_the_record_in_this_process_the_command_says_why_it_sees_nothing_and_what_to_do(
+    policy, recorder, tmp_path
+):
+    draft = tmp_path / "draft.yaml"
+    draft.write_text("{}\n")
+    out, err = io.StringIO(), io.StringIO()
+    call_command("whatif", str(draft), stdout=out, stderr=err)
+    assert out.getvalue().startswith("What if: 0 recorded requests")
+    note = err.getvalue()
+    assert "without REDIS_URL" in note and "cannot read" in note
+    for remedy in ("--server http://127.0.0.1:8000", "LIMITER_TOKEN", "Preview impact", "POST /api/v1/whatif"):
+        assert remedy in note
+
+
+def test_with_the_record_in_redis_the_command_reads_it_and_adds_no_note(policy, redis_url, clock, tmp_path):
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    recorder = DecisionRecorder(client=client, url=redis_url, clock=clock, flush_every=None)
+    install_decision_recorder(recorder)
+    try:
+        for i in range(BETA_BURST):
+            recorder.decision({"user": f"u{i}", "team": "beta", "global": "*"}, 1, None, _allowed())
+        draft = tmp_path / "draft.yaml"
+        draft.write_text("{}\n")
+        out, err = io.StringIO(), io.StringIO()
+        call_command("whatif", str(draft), "--window", "5m", stdout=out, stderr=err)
+    finally:
+        reset_decision_recorder()
+        client.close()
+    assert out.getvalue().startswith(f"What if: {BETA_BURST} recorded requests")
+    assert err.getvalue() == ""
+
+
+def test_asking_a_server_needs_an_admin_token_in_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("LIMITER_TOKEN", raising=False)
+    draft = tmp_path / "draft.yaml"
+    draft.write_text("{}\n")
+    with pytest.raises(CommandError, match=r"--server needs an admin-scope token in LIMITER_TOKEN: .*--scope admin"):
+        call_command("whatif", str(draft), "--server", "http://127.0.0.1:8000")
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [("ftp://127.0.0.1/", "--server base_url must be an http:// or https:// URL"), (None, "no answer from the server")],
+)
+def test_a_server_that_is_no_url_or_does_not_answer_is_a_clear_error(monkeypatch, tmp_path, url, message):
+    from tests.serving import free_port
+
+    monkeypatch.setenv("LIMITER_TOKEN", "la_0_token")
+    draft = tmp_path / "draft.yaml"
+    draft.write_text("{}\n")
+    with pytest.raises(CommandError, match=re.escape(message)):
+        call_command("whatif", str(draft), "--server", url or f"http://127.0.0.1:{free_port()}")
+
+
+SERVED_POLICY = {
+    "default_tier": "t",
+    "levels": [{"name": "team"}],
+    "tiers": {"t": {"team": [{"type": "token_bucket", "capacity": 50, "per_second": 0}]}},
+}
+
+
+@pytest.fixture(scope="module")
+def served():
+    """gunicorn as `make run` serves without REDIS_URL: the record lives in its one worker."""
+    from tests.serving import Service
+
+    with Service(SERVED_POLICY, scope="admin") as service:
+        for _ in range(20):
+            assert service.post("/api/v1/decisions", {"keys": {"team": "acme"}})[1]["allowed"] is True
+        yield service
+
+
+def whatif_command(service, draft, *options: str, token: str | None = None) -> subprocess.CompletedProcess:
+    env = {**service.env, "LIMITER_TOKEN": token if token is not None else service.token}
+    return subprocess.run(
+        [sys.executable, "manage.py", "whatif", str(draft), "--window", "5m", *options],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_the_command_asks_the_running_server_for_what_it_recorded(served, tmp_path):
+    """Issue 25: under `make run` without REDIS_URL the command saw "0 recorded requests"."""
+    draft = tmp_path / "draft.yaml"
+    draft.write_text("tiers:\n  t:\n    team: [{type: token_bucket, capacity: 5, per_second: 0}]\n")
+    alone = whatif_command(served, draft)
+    assert alone.returncode == 0 and alone.stdout.startswith("What if: 0 recorded requests")
+    assert "--server" in alone.stderr
+    asked = whatif_command(served, draft, "--server", f"http://127.0.0.1:{served.port}")
+    assert asked.returncode == 0, asked.stderr
+    assert asked.stdout.startswith("What if: 20 recorded requests") and asked.stderr == ""
+    acme = next(line for line in asked.stdout.splitlines() if line.startswith("acme"))
+    assert acme.split()[:8] == ["acme", "t", "t", "20", "20", "5", "15", "0"]
+
+
+@pytest.mark.slow
+def test_the_server_refuses_a_bad_draft_as_the_command_does_alone(served, tmp_path):
+    draft = tmp_path / "draft.yaml"
+    draft.write_text("tiers:\n  t:\n    team: [{type: token_bucket, capacity: -1, per_second: 0}]\n")
+    asked = whatif_command(served, draft, "--server", f"http://127.0.0.1:{served.port}")
+    alone = whatif_command(served, draft)
+    assert asked.returncode == alone.returncode == 1
+    refusal = f"{draft}: tiers.t.team[0].capacity: "
+    assert refusal in asked.stderr and asked.stderr.strip().splitlines()[-1] == alone.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_a_token_without_the_admin_scope_is_told_so(served, tmp_path):
+    decide = served.manage("createservicetoken", "gateway", "--scope", "decide").strip().splitlines()[-1]
+    draft = tmp_path / "draft.yaml"
+    draft.write_text("{}\n")
+    asked = whatif_command(served, draft, "--server", f"http://127.0.0.1:{served.port}", token=decide)
+    assert asked.returncode == 1
+    assert "answered 403" in asked.stderr and "admin-scope token of that server" in asked.stderr
