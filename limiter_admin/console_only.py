@@ -1,11 +1,10 @@
 """The console's middleware, which a gateway's call passes straight through.
 
-Sessions, CSRF, the logged-in user, messages, the policy history's request and WhiteNoise's
-static files are the console's and CRUD's: a gateway calling
-/api/v1/decisions with its Bearer token needs none of them, and on every decision they cost
-about a quarter of the request's CPU (docs/BENCHMARKS.md, "The decision path"). Each is listed in
-settings.MIDDLEWARE wrapped by `console_only`, in its own place, so the console keeps all of
-them in Django's order; a request passes them by when `passes_by` says so:
+The logged-in user, messages, the policy history's request and WhiteNoise's static files are
+the console's and CRUD's: a gateway calling /api/v1/decisions with its Bearer token needs none
+of them (with sessions and CSRF, they cost about a quarter of a decision's CPU in one process).
+Each is listed in settings.MIDDLEWARE wrapped by `console_only`, in its own place, so the
+console keeps all of them in Django's order; a request passes them by when `passes_by` says so:
 
 - its path is a gateway's or a probe's (`admission.GATEWAY_PATHS`, the one list), and
 - it carries a Bearer credential, or no cookie at all (a probe, a gateway's call): an
@@ -15,10 +14,11 @@ them in Django's order; a request passes them by when `passes_by` says so:
 Only Django's documented middleware interface is used: each wrapper is a subclass of the
 middleware it wraps (Django's admin checks for its middleware by subclass) whose `__call__`
 and hooks (`process_view`, `process_exception`, `process_template_response`) step aside on
-those requests. django-axes' middleware stays as it is: its own check looks for its name, and
-it does nothing before the view. Gateway views (policies.api.gateway) are mostly served before
-any of this, by limiter_admin/gateway_front.py; this keeps the rest of a gateway's calls (its
-reservations, DRF views) light.
+those requests. Sessions, CSRF and django-axes stay as they are: Django's deployment checks
+(and axes' own) look for them by name, and on a call without a cookie they cost little (a
+session is read only when used; a view exempt from CSRF is not checked). Gateway views
+(policies.api.gateway) are mostly served before any of this, by limiter_admin/gateway_front.py;
+this keeps the rest of a gateway's calls (its reservations, DRF views) light.
 """
 
 from __future__ import annotations
@@ -95,8 +95,6 @@ def _skipping(hook: Callable[..., Any]) -> Callable[..., Any]:
 
 # settings.MIDDLEWARE names these, each where the middleware it wraps belongs.
 WhiteNoiseMiddleware = console_only("whitenoise.middleware.WhiteNoiseMiddleware")
-SessionMiddleware = console_only("django.contrib.sessions.middleware.SessionMiddleware")
-CsrfViewMiddleware = console_only("django.middleware.csrf.CsrfViewMiddleware")
 AuthenticationMiddleware = console_only("django.contrib.auth.middleware.AuthenticationMiddleware")
 MessageMiddleware = console_only("django.contrib.messages.middleware.MessageMiddleware")
 HistoryRequestMiddleware = console_only("simple_history.middleware.HistoryRequestMiddleware")

@@ -46,9 +46,9 @@ MIDDLEWARE = [
     "limiter_admin.console_only.WhiteNoiseMiddleware",
     # The gateways first: console requests past LIMITER_CONSOLE_CONCURRENCY get 503 at once.
     "limiter_admin.admission.ConsoleAdmission",
-    "limiter_admin.console_only.SessionMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
-    "limiter_admin.console_only.CsrfViewMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
     "limiter_admin.console_only.AuthenticationMiddleware",
     "limiter_admin.console_only.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
