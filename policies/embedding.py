@@ -378,7 +378,8 @@ def build_limit(
 
     if not isinstance(config, dict):
         raise bad("", f"must be a dict, not {type(config).__name__}")
-    known = LIMIT_FIELDS + (("paths", "denied_view") if with_paths else ())
+    # A DRF throttle answers a denial through DRF's exception handler: no view of its own.
+    known = LIMIT_FIELDS + (("paths",) if with_paths else ()) + (("denied_view",) if face != THROTTLE else ())
     for field in config:
         if field not in known:
             raise bad(field, f"unknown field (known: {', '.join(known)})")
