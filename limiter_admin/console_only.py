@@ -1,7 +1,7 @@
 """The console's middleware, which a gateway's call passes straight through.
 
-Sessions, CSRF, the logged-in user, messages, the policy history's request, django-axes'
-lockouts and WhiteNoise's static files are the console's and CRUD's: a gateway calling
+Sessions, CSRF, the logged-in user, messages, the policy history's request and WhiteNoise's
+static files are the console's and CRUD's: a gateway calling
 /api/v1/decisions with its Bearer token needs none of them, and on every decision they cost
 about a quarter of the request's CPU (docs/BENCHMARKS.md, "The decision path"). Each is listed in
 settings.MIDDLEWARE wrapped by `console_only`, in its own place, so the console keeps all of
@@ -12,9 +12,13 @@ them in Django's order; a request passes them by when `passes_by` says so:
   operator's browser calling a gateway path with its session still has its session, its
   user and its CSRF check.
 
-Only Django's documented middleware interface is used: a middleware factory that holds the
-wrapped one, and the hooks (`process_view`, `process_exception`, `process_template_response`)
-that the wrapped one has, skipped on the same requests.
+Only Django's documented middleware interface is used: each wrapper is a subclass of the
+middleware it wraps (Django's admin checks for its middleware by subclass) whose `__call__`
+and hooks (`process_view`, `process_exception`, `process_template_response`) step aside on
+those requests. django-axes' middleware stays as it is: its own check looks for its name, and
+it does nothing before the view. Gateway views (policies.api.gateway) are mostly served before
+any of this, by limiter_admin/gateway_front.py; this keeps the rest of a gateway's calls (its
+reservations, DRF views) light.
 """
 
 from __future__ import annotations
@@ -38,34 +42,53 @@ def passes_by(request: HttpRequest) -> bool:
     return not meta.get("HTTP_COOKIE") or meta.get("HTTP_AUTHORIZATION", "")[:7].lower() == "bearer "
 
 
-def console_only(dotted: str) -> type:
-    """The middleware at `dotted`, passed by on the requests `passes_by` names."""
-    wrapped = import_string(dotted)
+def console_only(dotted: str) -> Any:
+    """The middleware at `dotted`, passed by on the requests `passes_by` names: a subclass of
+    a class, so that Django's checks that look for it (the admin's) find it; a factory around
+    a function."""
+    wrapped: Any = import_string(dotted)
+    if not isinstance(wrapped, type):
+        return _around_factory(wrapped)
+    cls: Any = wrapped  # a class: its own __init__ and __call__, called on the subclass
+    init, call = cls.__init__, cls.__call__
 
-    class ConsoleOnly:
-        sync_capable, async_capable = True, False
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.passed_to = get_response
+        init(self, get_response)
 
-        def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-            self.get_response = get_response
-            self.inner = wrapped(get_response)
-            for hook in HOOKS:
-                method = getattr(self.inner, hook, None)
-                if method is not None:
-                    setattr(self, hook, _skipping(method))
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if passes_by(request):
+            return self.passed_to(request)
+        return call(self, request)
 
-        def __call__(self, request: HttpRequest) -> HttpResponse:
-            if passes_by(request):
-                return self.get_response(request)
-            return self.inner(request)
+    namespace: dict[str, Any] = {
+        "__init__": __init__,
+        "__call__": __call__,
+        "__module__": __name__,
+        "__doc__": f"{dotted}, passed by on a gateway's calls (limiter_admin.console_only).",
+    }
+    for hook in HOOKS:
+        if hasattr(wrapped, hook):
+            namespace[hook] = _skipping(getattr(wrapped, hook))
+    return type(wrapped)(f"ConsoleOnly{wrapped.__name__}", (wrapped,), namespace)
 
-    ConsoleOnly.__name__ = ConsoleOnly.__qualname__ = f"ConsoleOnly{wrapped.__name__}"
-    ConsoleOnly.__doc__ = f"{dotted}, passed by on a gateway's calls (limiter_admin.console_only)."
-    return ConsoleOnly
+
+def _around_factory(factory: Callable[..., Any]) -> Callable[..., Any]:
+    def middleware_factory(get_response: Callable[[HttpRequest], HttpResponse]) -> Callable[..., Any]:
+        inner = factory(get_response)
+
+        def middleware(request: HttpRequest) -> HttpResponse:
+            return get_response(request) if passes_by(request) else inner(request)
+
+        return middleware
+
+    middleware_factory.sync_capable, middleware_factory.async_capable = True, False  # type: ignore[attr-defined]
+    return middleware_factory
 
 
 def _skipping(hook: Callable[..., Any]) -> Callable[..., Any]:
-    def run(request: HttpRequest, *args: Any) -> Any:
-        return None if passes_by(request) else hook(request, *args)
+    def run(self: Any, request: HttpRequest, *args: Any) -> Any:
+        return None if passes_by(request) else hook(self, request, *args)
 
     return run
 
@@ -77,4 +100,3 @@ CsrfViewMiddleware = console_only("django.middleware.csrf.CsrfViewMiddleware")
 AuthenticationMiddleware = console_only("django.contrib.auth.middleware.AuthenticationMiddleware")
 MessageMiddleware = console_only("django.contrib.messages.middleware.MessageMiddleware")
 HistoryRequestMiddleware = console_only("simple_history.middleware.HistoryRequestMiddleware")
-AxesMiddleware = console_only("axes.middleware.AxesMiddleware")

@@ -55,7 +55,7 @@ MIDDLEWARE = [
     # Records which operator made each change in the policy history.
     "limiter_admin.console_only.HistoryRequestMiddleware",
     # Last, as django-axes asks: it turns a locked-out login into its lockout answer.
-    "limiter_admin.console_only.AxesMiddleware",
+    "axes.middleware.AxesMiddleware",
 ]
 
 # django-axes' backend first: it refuses a locked-out login before the password is checked.

@@ -1,15 +1,20 @@
 """WSGI entry point, served by gunicorn (`make run`): Django's application, with chunked request
-bodies read (limiter_admin/chunked.py), and the alerts evaluated in the process that serves."""
+bodies read (limiter_admin/chunked.py), a gateway's calls served by their views directly
+(limiter_admin/gateway_front.py), and the alerts evaluated in the process that serves."""
 
 import os
 
 from django.core.wsgi import get_wsgi_application
 
-from limiter_admin.chunked import ChunkedBodies
-
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "limiter_admin.settings")
 
-application = ChunkedBodies(get_wsgi_application())
+django_application = get_wsgi_application()
+
+# After Django's set-up: the front imports the gateways' views.
+from limiter_admin.chunked import ChunkedBodies  # noqa: E402
+from limiter_admin.gateway_front import GatewayFront  # noqa: E402
+
+application = ChunkedBodies(GatewayFront(django_application))
 
 # After Django's set-up, which the alerts' models need: a serving process evaluates alerts
 # every LIMITER_ALERT_EVERY seconds in its flushing thread (commands and tests do not).

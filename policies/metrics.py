@@ -43,6 +43,12 @@ DECISION_SECONDS = Histogram(
     ["endpoint"],
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
 )
+FLUSH_CPU = Counter(
+    "limiter_flush_cpu_seconds",
+    "CPU seconds the flushing thread spent writing out buffers (core/flusher.py), by what it wrote: "
+    "against the workers' CPU time, the flushes' share of it.",
+    ["what"],
+)
 OVER_QUOTA = Counter(
     "limiter_over_quota", "Decisions let go past a soft quota, by its level and rule.", ["level", "rule"]
 )
@@ -81,6 +87,11 @@ ALERT_ROUND_SECONDS = Histogram(
 )
 # The exposition's media type, for the view that serves metrics_text().
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def count_flush(what: str, seconds: float) -> None:
+    """core.flusher's `on_flushed`: a flush's CPU seconds, by what it wrote."""
+    FLUSH_CPU.labels(what).inc(seconds)
 
 
 def count_expired(reservations: int) -> None:

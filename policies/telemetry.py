@@ -15,15 +15,17 @@ from typing import Any
 
 from django.conf import settings
 
+from core.flusher import FLUSHER
 from core.recorder import DecisionRecorder
 from core.stats import DenialStats
 
 from .compile import policy_cache
-from .metrics import count_expired
+from .metrics import count_expired, count_flush
 from .policy import TENANT_LEVEL, USER_LEVEL
 from .stores import statistics_client
 
 _installed: DenialStats | None = None
+FLUSHER.on_flushed = count_flush  # the flushes' CPU, in /metrics
 # Told the tenants (team keys) of each flush of the process's statistics, in the flushing
 # thread: the alerts' evaluation (policies.services.alerts) listens.
 _flush_listeners: list[Callable[[frozenset[str]], None]] = []

@@ -79,6 +79,8 @@ class GatewayView(View):
     negotiate: ClassVar[bool] = True
     # Whether a body must be JSON (415 otherwise): false for endpoints that read no body.
     reads_json: ClassVar[bool] = True
+    # limiter_admin.gateway_front may answer a gateway's call to it without Django's handler.
+    served_directly: ClassVar[bool] = True
 
     @classmethod
     def as_view(cls, **initkwargs: Any):

@@ -60,3 +60,15 @@ def test_a_shadow_rules_would_be_denials_reach_the_metrics_page(engine, load, po
     lines = [line for line in page.splitlines() if line.startswith("limiter_shadow_denials_total{")]
     assert any('level="team"' in line and 'rule="fixed_window(1/60s)"' in line for line in lines), lines
     assert sample("limiter_shadow_denials_total", level="team", rule="fixed_window(1/60s)") - before == 2
+
+
+def test_the_flushes_cpu_reaches_the_metrics_page(db, client):
+    from core.flusher import FLUSHER
+    from policies import telemetry
+    from policies.metrics import count_flush
+
+    assert telemetry.FLUSHER is FLUSHER and FLUSHER.on_flushed is count_flush
+    before = sample("limiter_flush_cpu_seconds_total", what="denial statistics")
+    FLUSHER.on_flushed("denial statistics", 0.25)
+    assert sample("limiter_flush_cpu_seconds_total", what="denial statistics") - before == pytest.approx(0.25)
+    assert 'limiter_flush_cpu_seconds_total{what="denial statistics"}' in client.get("/metrics").content.decode()

@@ -83,6 +83,35 @@ def test_each_flushable_is_flushed_when_its_own_flush_every_has_passed(flusher, 
     assert seldom.written == ["b"]
 
 
+class Busy(Buffer):
+    """A buffer whose write burns `cpu` seconds of this thread's CPU."""
+
+    what = "busy buffer"
+
+    def __init__(self, cpu, **kwargs):
+        self.cpu = cpu
+        super().__init__(**kwargs)
+
+    def write(self, batch):
+        until = time.thread_time() + self.cpu
+        while time.thread_time() < until:
+            pass
+        return super().write(batch)
+
+
+def test_each_scheduled_flush_tells_the_cpu_it_took_in_its_thread(flusher, clock):
+    told = []
+    flusher.on_flushed = lambda what, seconds: told.append((what, seconds))
+    busy = Busy(0.02, flush_every=1, flusher=flusher).add("a")
+    idle = Buffer(flush_every=1, flusher=flusher)  # nothing to write: a flush all the same
+    clock.advance(1)
+    flusher.flush_due()
+    assert sorted(what for what, _ in told) == ["busy buffer", "test buffer"]
+    spent = dict(told)
+    assert spent["busy buffer"] >= 0.02 and spent["test buffer"] < 0.02
+    assert busy.written == ["a"] and idle.written == []
+
+
 def test_a_flushable_dropped_by_its_owner_is_let_go_and_never_flushed_again(flusher, clock):
     dropped = Buffer(flush_every=1, flusher=flusher).add("a")
     kept = Buffer(flush_every=1, flusher=flusher)

@@ -1,0 +1,132 @@
+"""A gateway's call, served by its view without the rest of Django's request handling.
+
+The one bypass of the decision path (docs/ARCHITECTURE.md). Django's handler does on every
+request what a gateway's decision does not need: it sends `request_started` and
+`request_finished` (whose receivers look at every database connection and cache), resolves
+the URL through the whole URLconf, and passes the request through each middleware in
+settings.MIDDLEWARE, the console's included (which limiter_admin.console_only passes by, but
+each layer still costs its call). In one process that came to about two thirds of a
+decision's CPU (docs/BENCHMARKS.md, "The decision path").
+
+`GatewayFront` wraps the WSGI application (limiter_admin/wsgi.py). A request that
+console_only.passes_by names (a gateway path with a Bearer token, or no cookie), whose path
+resolves to one of the gateways' views (`served_directly`: policies.api.gateway.GatewayView's /decisions,
+/decisions/batch, /authz, /rls/json, a lease's release), is answered by that view wrapped in
+the middleware that is not the console's, built by Django's own classes as its handler builds
+them (`settings.MIDDLEWARE` minus the console_only wrappers and the console's admission, in
+its order, each exception turned into its answer by Django's `convert_exception_to_response`,
+so that a bug is the API's 500 and a database error its 503, as through the handler). The
+database's connections are closed by `request_finished` when one had an error or is past
+CONN_MAX_AGE, as the handler's signal would have closed it. Anything else goes
+to Django's handler unchanged, and so does a call whose Host is not allowed (Django answers
+it).
+
+tests/api/test_gateway_front.py pins it: the same requests (allowed, denied, dry runs,
+batches, bad bodies, bad tokens, wrong methods, forward-auth, a release) answered through it
+and through Django's handler alone give the same status, header fields and body.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import DisallowedHost
+from django.core.handlers.exception import convert_exception_to_response
+from django.core.handlers.wsgi import WSGIRequest
+from django.core.signals import request_finished
+from django.db import connections
+from django.http import HttpRequest, HttpResponse
+from django.urls import Resolver404, ResolverMatch, resolve
+from django.utils.module_loading import import_string
+
+from .admission import is_gateway_path
+from .console_only import passes_by
+
+# Where the console's own middleware is, which a gateway's call passes by anyway.
+CONSOLE_MIDDLEWARE = ("limiter_admin.console_only.", "limiter_admin.admission.")
+MAX_RESOLVED = 64  # gateway paths without parameters whose resolution is kept
+
+
+class GatewayFront:
+    """WSGI middleware: a gateway's call to a gateway view, served directly (see the module's
+    docstring); every other request to `application`, Django's."""
+
+    def __init__(self, application: Callable[..., Iterable[bytes]]) -> None:
+        self.application = application
+        self._chains: dict[Callable[..., Any], Callable[[HttpRequest], Any]] = {}
+        self._resolved: dict[str, ResolverMatch | None] = {}
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if not is_gateway_path(path):
+            return self.application(environ, start_response)
+        match = self.resolved(path)
+        if match is None:
+            return self.application(environ, start_response)
+        request = WSGIRequest(environ)
+        if not passes_by(request) or not self.allowed_host(request):
+            return self.application(environ, start_response)
+        request.resolver_match = match
+        try:
+            response = self.chain(match.func)(request)
+        finally:
+            self.finished()
+        headers = [*response.items(), *(("Set-Cookie", c.output(header="")) for c in response.cookies.values())]
+        start_response(f"{response.status_code} {response.reason_phrase}", headers)
+        return [response.content]
+
+    def resolved(self, path: str) -> ResolverMatch | None:
+        """The gateway view that serves `path`, or None (another view, or none)."""
+        if path in self._resolved:
+            return self._resolved[path]
+        try:
+            match = resolve(path)
+        except Resolver404:
+            return None
+        # policies.api.gateway.GatewayView says so of itself (this module knows no REST view).
+        found = match if getattr(getattr(match.func, "view_class", None), "served_directly", False) else None
+        if not match.args and not match.kwargs and len(self._resolved) < MAX_RESOLVED:
+            self._resolved[path] = found  # a lease's release names the lease: resolved each time
+        return found
+
+    def finished(self) -> None:
+        """`request_finished`, whose receivers close a database connection that has had an
+        error or outlived CONN_MAX_AGE, sent when an open connection is one of those: most
+        calls use none (a token is looked up once a minute), and sending the signal on every
+        call is much of what this saves."""
+        for conn in connections.all(initialized_only=True):
+            if conn.connection is not None and (
+                conn.errors_occurred or (conn.close_at is not None and time.monotonic() >= conn.close_at)
+            ):
+                request_finished.send(sender=self.__class__)
+                return
+
+    @staticmethod
+    def allowed_host(request: HttpRequest) -> bool:
+        try:
+            request.get_host()
+        except DisallowedHost:
+            return False
+        return True
+
+    def chain(self, view: Callable[..., Any]) -> Callable[[HttpRequest], Any]:
+        """`view` inside the middleware that is not the console's, as Django's handler builds
+        the chain (BaseHandler.load_middleware, for the middleware used here: they hook no view)."""
+        chain = self._chains.get(view)
+        if chain is None:
+
+            def answer(request: HttpRequest) -> HttpResponse:
+                match = request.resolver_match
+                assert match is not None  # set by __call__
+                return view(request, *match.args, **match.kwargs)
+
+            handler = convert_exception_to_response(answer)
+            for dotted in reversed(settings.MIDDLEWARE):
+                if dotted.startswith(CONSOLE_MIDDLEWARE):
+                    continue
+                handler = convert_exception_to_response(import_string(dotted)(handler))
+            chain = self._chains[view] = handler
+        return chain
