@@ -19,12 +19,18 @@ LIMIT = 30  # what each limited view lets through, ever (a bucket that never ref
 RULES = [{"type": "token_bucket", "capacity": LIMIT, "per_second": 0}]
 
 
-@limit(rules=RULES)
+def denied(request):
+    """A denial with the worker's pid beside the API's error shape: which worker said no."""
+    body = {"error": {"code": "rate_limited", "message": "", "fields": {}}, "pid": os.getpid()}
+    return JsonResponse(body, status=429)
+
+
+@limit(rules=RULES, denied_view=denied)
 def sync_view(request):
     return JsonResponse({"pid": os.getpid(), "remaining": request.limit.remaining})
 
 
-@limit(rules=RULES)
+@limit(rules=RULES, denied_view=denied)
 async def async_view(request):
     return JsonResponse({"pid": os.getpid(), "remaining": request.limit.remaining})
 
@@ -36,6 +42,11 @@ class ThrottledView(APIView):
 
     def get(self, request):
         return Response({"pid": os.getpid(), "remaining": request.limit.remaining})
+
+    def handle_exception(self, exc):
+        response = super().handle_exception(exc)  # the 429 in the API's error shape
+        response.data["pid"] = os.getpid()  # and which worker said no
+        return response
 
 
 async def ping(request):

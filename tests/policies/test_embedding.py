@@ -7,6 +7,8 @@ ViewLimit.timer, the console's limiters the policy cache's clock: both are manua
 so no test sleeps. Async views are called through Django's AsyncClient (the ASGI handler).
 """
 
+import time
+
 import pytest
 from asgiref.sync import async_to_sync
 from django.http import HttpResponse, JsonResponse
@@ -20,6 +22,7 @@ from rest_framework.views import APIView
 from core import Decision, ManualClock
 from core.recorder import DecisionRecorder
 from core.stats import DenialStats
+from core.stores.redis import RedisStore
 from policies.compile import PolicyCache, install_policy_cache
 from policies.embedding import ViewLimit, client_ip, limit, reset_limits
 from policies.metrics import EMBEDDED_DECISIONS
@@ -425,3 +428,27 @@ def test_the_middleware_limits_in_an_async_chain_too(async_client, settings, mon
     # Both limits' fields on an answer that went through both; the denial never reached the view.
     assert answers[0]["RateLimit-Policy"] == '"default";q=3;w=1, "paths";q=2;w=60'
     assert answers[2]["Retry-After"] == "30" and len(seen) == 2
+
+
+@pytest.mark.parametrize("fail_mode, status", [("open", 200), ("closed", 429)])
+def test_with_redis_down_a_tier_follows_its_levels_fail_mode_within_the_timeout(
+    client, async_client, db, load, clock, unreachable_redis_url, fail_mode, status
+):
+    load({**POLICY, "levels": [{"name": "user", "fail_mode": fail_mode}, {"name": "team"}, {"name": "global"}]})
+    store = RedisStore(url=unreachable_redis_url, timeout=0.05)
+    install_policy_cache(PolicyCache(store=store, clock=clock))
+    try:
+        started = time.monotonic()
+        answers = [get(client, "/small/", QUERY_STRING="user=ann") for _ in range(5)]
+        answers += [aget(async_client, "/small-async/", QUERY_STRING="user=ann") for _ in range(5)]
+        elapsed = time.monotonic() - started
+    finally:
+        install_policy_cache(None)
+        store.close()
+    assert [a.status_code for a in answers] == [status] * 10
+    assert elapsed < 2.0, f"10 requests on a dead Redis took {elapsed:.2f} s"
+    if status == 200:
+        assert all(d.degraded and d.allowed for d in seen)
+    else:
+        assert {a["Retry-After"] for a in answers} == {"1"}
+        assert all(a.json()["error"]["code"] == "rate_limited" for a in answers)
