@@ -58,7 +58,7 @@ from core import ClientLimiter, ConfigError, Decision, HierarchicalLimiter, Inva
 from core.single import LEVEL as CLIENT_LEVEL
 
 from .compile import PolicyCache, PolicyUnavailable, policy_cache
-from .headers import advertised_policy, ratelimit_headers, retry_after_header, sf_string
+from .headers import advertised_policy, limit_item, policy_item, quota_units, retry_after_header, sf_string
 from .policy import GLOBAL_LEVEL, TENANT_LEVEL, USER_LEVEL
 from .services.answers import RATE_LIMITED, decision_headers, denial_message
 from .services.decisions import Decided
@@ -132,7 +132,7 @@ def ip_key(request: Any) -> str:
 # --- a compiled limit ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq=False: hashed by identity, and cached_property needs a __dict__
 class Limit:
     """One face's options, compiled: where its rules come from (`limiter`, inline, or the
     console's `tier` or tenant), how a request is named (`key`, `team`), what it costs, and
@@ -162,11 +162,22 @@ class Limit:
         return self.limiter.limiter.acquire({CLIENT_LEVEL: f"{self.scope}:{key}"}, cost)
 
     def headers(self, decision: Decision) -> dict[str, str]:
-        """An inline limit's RateLimit fields, and Retry-After on a denial that can ever fit."""
-        headers = ratelimit_headers(decision, self.quota, self.window, self.name)
+        """An inline limit's RateLimit fields (policies.headers, with the policy's item worked
+        out once), and Retry-After on a denial that can ever fit."""
+        item, units, policy = self._items
+        headers = {"RateLimit-Policy": policy} if policy else {}
+        limit = limit_item(decision, item, units)
+        if limit is not None:
+            headers["RateLimit"] = limit
         if not decision.allowed and math.isfinite(decision.retry_after):
             headers["Retry-After"] = retry_after_header(decision.retry_after)
         return headers
+
+    @functools.cached_property
+    def _items(self) -> tuple[str, int | None, str | None]:
+        """The name as an sf-string, `q`, and the whole RateLimit-Policy value (None: no quota)."""
+        item, units = sf_string(self.name), quota_units(self.quota)
+        return item, units, policy_item(item, units, self.window) if units is not None else None
 
     def answer_headers(self, decided: Decided) -> dict[str, str]:
         """The header fields of an answer: the inline limit's policy, or, under the console's

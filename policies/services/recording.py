@@ -47,6 +47,9 @@ def record(keys: Mapping[str, str], decision: Decision, cost: float = 1, priorit
         recorder.decision(keys, cost, priority, decision)
 
 
+_EMBEDDED: dict[tuple[str, bool], Any] = {}  # the counter's child per (face, allowed)
+
+
 def record_embedded(
     keys: Mapping[str, str], decision: Decision, cost: float, face: str, replayable: bool = True
 ) -> None:
@@ -55,7 +58,12 @@ def record_embedded(
     decision under the console's policies is `replayable`: an inline limit's (`rate="10/s"`)
     is counted, but no draft policy could replay it."""
     _count(keys, decision, cost)
-    EMBEDDED_DECISIONS.labels(face, "allowed" if decision.allowed else "denied").inc()
+    counter = _EMBEDDED.get((face, decision.allowed))
+    if counter is None:
+        counter = _EMBEDDED[face, decision.allowed] = EMBEDDED_DECISIONS.labels(
+            face, "allowed" if decision.allowed else "denied"
+        )
+    counter.inc()
     recorder = decision_recorder() if replayable else None
     if recorder is not None:
         recorder.decision(keys, cost, None, decision, via=EMBEDDED)
