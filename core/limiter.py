@@ -51,6 +51,7 @@ from .reservations import (
 )
 from .rules import EPSILON, Rule
 from .stores import Check, MemoryStore, Store
+from .stores.base import AsyncDecider
 
 # About 2 KB a plan, so at most ~40 MB; a key set beyond that costs a rebuild (~20 us).
 PLAN_CACHE_SIZE = 20_000
@@ -95,6 +96,7 @@ class Plan:
     longest_hold: float  # how long a reservation may hold: at most the shortest lease
     named: int  # how many levels the key set named (with a key that is not None)
     demotions: list[tuple[int, str]]  # soft checks with a demote_to: (index, priority class)
+    adecide: AsyncDecider | None = None  # the store's adecider(store_plan), made on first use
 
     @classmethod
     def of(
@@ -207,32 +209,62 @@ class HierarchicalLimiter:
         """Decide one request: take `cost` at every level named in `keys`, or nothing at all."""
         if cost.__class__ not in _NUMBER_TYPES:
             _refuse_cost(cost)
-        try:
-            plan = self._plans[priority][self._signature(keys)]
-        except (KeyError, AttributeError, TypeError):
-            plan = self._plan(keys, priority)
-        else:
-            # Every level has a key here, so a key set of another size names a level that
-            # does not exist: _plan() refuses it. A cached plan was checked when built.
-            if len(keys) != self._level_count:
-                plan = self._plan(keys, priority)
+        plan = self._cached_plan(keys, priority)
         if not 0 < cost <= plan.lean_max_cost:  # also false for NaN
             return self._acquire_slowly(plan, cost, keys, priority)
         try:
             outcome = plan.decide(cost, self.clock(), None)
         except StoreUnavailable:
             return self._degraded(plan, keys, cost, priority)
-        else:  # (every way out of it returns: no jump over the handler)
-            if isinstance(outcome, Decision):
-                return outcome  # the store built the plain allowed decision itself
-            blocker, wait, remaining, shadows, over = outcome
-            if shadows:
-                return self._outcome(plan, blocker, wait, remaining, shadows, over, None)
-            if blocker < 0:  # `over`: soft quotas this took past their limit (never on a denial)
-                return (
-                    self._outcome(plan, blocker, wait, remaining, shadows, over, None) if over else allowed(remaining)
-                )
-            return denied(wait, plan.names[blocker], plan.reasons[blocker], remaining)
+        # (every way out of the try returns or falls here: no jump over the handler)
+        if isinstance(outcome, Decision):
+            return outcome  # the store built the plain allowed decision itself
+        return self._lean_decision(plan, outcome)
+
+    async def aacquire(self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None) -> Decision:
+        """`acquire` for a coroutine: the same plans, checks and decision, with the store's
+        call awaited (on Redis, redis-py's asyncio client calling the same Lua function), so
+        that the event loop goes on serving while the store answers."""
+        if cost.__class__ not in _NUMBER_TYPES:
+            _refuse_cost(cost)
+        plan = self._cached_plan(keys, priority)
+        if not 0 < cost <= plan.lean_max_cost:
+            return await self._aacquire_slowly(plan, cost, keys, priority)
+        try:
+            outcome = await self._adecider(plan)(cost, self.clock(), None)
+        except StoreUnavailable:
+            return self._degraded(plan, keys, cost, priority)
+        if isinstance(outcome, Decision):
+            return outcome
+        return self._lean_decision(plan, outcome)
+
+    def _cached_plan(self, keys: Mapping[str, str], priority: str | None) -> Plan:
+        """The plan of a key set, from the cache when it is there (the hot path), else
+        checked and built by _plan()."""
+        try:
+            plan = self._plans[priority][self._signature(keys)]
+        except (KeyError, AttributeError, TypeError):
+            return self._plan(keys, priority)
+        # Every level has a key here, so a key set of another size names a level that
+        # does not exist: _plan() refuses it. A cached plan was checked when built.
+        return plan if len(keys) == self._level_count else self._plan(keys, priority)
+
+    @staticmethod
+    def _lean_decision(plan: Plan, outcome: Finding) -> Decision:
+        """The decision of what the store found on the lean path (no lease, no stateless rule)."""
+        blocker, wait, remaining, shadows, over = outcome
+        if shadows or (blocker < 0 and over):  # `over`: soft quotas it took past their limit
+            return HierarchicalLimiter._outcome(plan, blocker, wait, remaining, shadows, over, None)
+        if blocker < 0:
+            return allowed(remaining)
+        return denied(wait, plan.names[blocker], plan.reasons[blocker], remaining)
+
+    def _adecider(self, plan: Plan) -> AsyncDecider:
+        """The plan's decision for coroutines, made on first use: sync callers never pay for it."""
+        adecide = plan.adecide
+        if adecide is None:
+            adecide = plan.adecide = self.store.adecider(plan.store_plan)
+        return adecide
 
     def _acquire_slowly(self, plan: Plan, cost: float, keys: Mapping[str, str], priority: str | None) -> Decision:
         """Every case the lean path leaves out: a bad cost, a cost that never fits,
@@ -245,6 +277,29 @@ class HierarchicalLimiter:
             return self._explain(request.plan, cost, request.now)[0]
         try:
             outcome: Decision | Finding | StoreUnavailable = request.plan.decide(cost, request.now, request.lease)
+        except StoreUnavailable as error:
+            outcome = error
+        return self._decision(request, outcome)
+
+    async def _aacquire_slowly(
+        self, plan: Plan, cost: float, keys: Mapping[str, str], priority: str | None
+    ) -> Decision:
+        """_acquire_slowly for aacquire: the steps that read the store (a soft quota's
+        demotion, a stateless denial's waits) run through the store's call_async."""
+        _check_cost(cost)
+        store = self.store
+        if plan.demotions and cost <= plan.max_cost:
+            request = await store.call_async(self._request, plan, keys, cost, priority, self.clock)
+        else:
+            request = self._request(plan, keys, cost, priority, self.clock)
+        if type(request) is Decision:
+            return request
+        if request.denied:
+            return (await store.call_async(self._explain, request.plan, cost, request.now))[0]
+        try:
+            outcome: Decision | Finding | StoreUnavailable = await self._adecider(request.plan)(
+                cost, request.now, request.lease
+            )
         except StoreUnavailable as error:
             outcome = error
         return self._decision(request, outcome)
@@ -356,6 +411,16 @@ class HierarchicalLimiter:
             return self.store.release(plan.store_plan, self.clock(), lease)
         except StoreUnavailable:
             return 0  # the slot comes back by itself when its lease runs out
+
+    async def arelease(self, keys: Mapping[str, str], lease: str) -> int:
+        """`release` for a coroutine, through the store's call_async."""
+        plan = self._plan(keys, None)
+        if not plan.leased:
+            return 0
+        try:
+            return await self.store.call_async(self.store.release, plan.store_plan, self.clock(), lease)
+        except StoreUnavailable:
+            return 0
 
     def reserve(
         self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None, hold: float | None = None

@@ -30,6 +30,8 @@ names no level may have (level names are letters, digits and `_ . : -`):
     @r  @h  a reservation's id and the hold it asked for ("" for the default)
     @s  a settlement's reservation id
     @x  a released lease
+    @v  what made a decision, when not the decision API: "embedded" (a Django app's own
+        views, policies.embedding)
 
 Entries whose field names are those of the stream node's first entry store only their
 values, so a plain decision of three levels takes about 47 bytes of Redis and a denial
@@ -62,8 +64,8 @@ READ_SLACK_MS = 120_000
 DECISION, RESERVATION, SETTLEMENT, RELEASE = "decision", "reservation", "settlement", "release"
 
 _TIME, _COST, _PRIORITY, _OUTCOME = "@t", "@c", "@p", "@o"
-_LEASE, _RESERVATION, _HOLD, _SETTLED, _RELEASED = "@l", "@r", "@h", "@s", "@x"
-_OWN_FIELDS = {_TIME, _COST, _PRIORITY, _OUTCOME, _LEASE, _RESERVATION, _HOLD, _SETTLED, _RELEASED}
+_LEASE, _RESERVATION, _HOLD, _SETTLED, _RELEASED, _VIA = "@l", "@r", "@h", "@s", "@x", "@v"
+_OWN_FIELDS = {_TIME, _COST, _PRIORITY, _OUTCOME, _LEASE, _RESERVATION, _HOLD, _SETTLED, _RELEASED, _VIA}
 # What the Redis log turns into StoreUnavailable: the server could not be reached in time.
 _UNREACHABLE = (ConnectionError, TimeoutError, OSError)
 
@@ -83,6 +85,7 @@ class Record(NamedTuple):
     blocked_by: str | None = None
     ref: str | None = None
     hold: float | None = None
+    via: str | None = None
 
 
 def check_limit(limit: Any) -> int:
@@ -141,10 +144,12 @@ class DecisionRecorder(Flushable):
 
     # --- recording (on the decision's path: one append) ------------------------------------------
 
-    def decision(self, keys: Mapping[str, str], cost: float, priority: str | None, decision: Any) -> None:
+    def decision(
+        self, keys: Mapping[str, str], cost: float, priority: str | None, decision: Any, via: str | None = None
+    ) -> None:
         """A decision made (`decision`: a core.Decision, or anything with `allowed`,
-        `blocked_by` and `lease`)."""
-        self._append((DECISION, self.clock(), keys, cost, priority, decision, None, None))
+        `blocked_by` and `lease`); `via`: what made it, when not the decision API."""
+        self._append((DECISION, self.clock(), keys, cost, priority, decision, None, None, via))
 
     def reservation(
         self,
@@ -157,15 +162,15 @@ class DecisionRecorder(Flushable):
     ) -> None:
         """A reservation asked for with an estimated `cost` and `hold`; `reservation_id` is
         None when nothing was reserved (a denial, or a fail mode's decision)."""
-        self._append((RESERVATION, self.clock(), keys, cost, priority, decision, reservation_id, hold))
+        self._append((RESERVATION, self.clock(), keys, cost, priority, decision, reservation_id, hold, None))
 
     def settlement(self, reservation_id: str, actual_cost: float | None) -> None:
         """A reservation settled: committed with `actual_cost`, or cancelled (None)."""
-        self._append((SETTLEMENT, self.clock(), {}, actual_cost, None, None, reservation_id, None))
+        self._append((SETTLEMENT, self.clock(), {}, actual_cost, None, None, reservation_id, None, None))
 
     def release(self, keys: Mapping[str, str], lease: str) -> None:
         """A concurrency lease handed back before it ran out."""
-        self._append((RELEASE, self.clock(), keys, None, None, None, lease, None))
+        self._append((RELEASE, self.clock(), keys, None, None, None, lease, None, None))
 
     def _append(self, item: tuple) -> None:
         buffer = self._buffer
@@ -199,12 +204,12 @@ class DecisionRecorder(Flushable):
 
 def _record(item: tuple) -> Record:
     """A buffered tuple as a Record (in the flushing thread, off the decision's path)."""
-    kind, at, keys, cost, priority, decision, ref, hold = item
+    kind, at, keys, cost, priority, decision, ref, hold, via = item
     if decision is None:
         return Record(at, kind, keys, cost, priority, True, None, ref, hold)
     if kind == DECISION:
         ref = decision.lease
-    return Record(at, kind, keys, cost, priority, decision.allowed, decision.blocked_by, ref, hold)
+    return Record(at, kind, keys, cost, priority, decision.allowed, decision.blocked_by, ref, hold, via)
 
 
 class MemoryLog:
@@ -289,6 +294,8 @@ def encode(record: Record) -> dict[str, Any]:
         fields[_HOLD] = "" if record.hold is None else _int_if_whole(record.hold)
     elif record.ref is not None:
         fields[_LEASE] = record.ref
+    if record.via is not None:
+        fields[_VIA] = record.via
     return fields
 
 
@@ -324,7 +331,7 @@ def decode(fields: Mapping[Any, Any]) -> Record:
             own[_RESERVATION] or None,
             float(hold) if hold else None,
         )
-    return Record(at, DECISION, keys, cost, priority, allowed, blocked_by, own.get(_LEASE))
+    return Record(at, DECISION, keys, cost, priority, allowed, blocked_by, own.get(_LEASE), via=own.get(_VIA))
 
 
 def _int_if_whole(value: float) -> int | float:

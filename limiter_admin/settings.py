@@ -193,6 +193,11 @@ LIMITER_AUTHZ_KEYS = env_json("LIMITER_AUTHZ_KEYS", {"user": "X-Limiter-User", "
 # default cost, 1, a forged header can make a request dearer, never cheaper; 0: no floor
 # (a cost above 0). policies.E006 checks it.
 LIMITER_AUTHZ_MIN_COST = env_number("LIMITER_AUTHZ_MIN_COST", 1)
+# The embedded limiter's client address (policies/embedding.py, docs/EMBEDDING.md): behind
+# proxies, the header they append the caller's address to (e.g. X-Forwarded-For) and how
+# many of them there are; unset, REMOTE_ADDR.
+LIMITER_IP_HEADER = env_str("LIMITER_IP_HEADER") or None
+LIMITER_IP_PROXIES = env_int("LIMITER_IP_PROXIES", 1)
 # Alerts (docs/OPERATIONS.md, "Alerts"): each serving worker evaluates the tenants it saw
 # every LIMITER_ALERT_EVERY seconds (0: no evaluation in this process), off the decisions'
 # path; a delivery waits LIMITER_ALERT_TIMEOUT seconds for the receiver, and is tried

@@ -1,11 +1,18 @@
 """System checks: a policy that cannot build a limiter is reported at start-up (`manage.py
-check`, `migrate`, `runserver`), not by the first request that needs it."""
+check`, `migrate`, `runserver`), not by the first request that needs it; so is an embedded
+limiter (policies/embedding.py) that would count per process under several workers, names
+a tier the policy does not have, or names a function that does not import."""
 
 from __future__ import annotations
 
+import os
+import re
+
 from django.conf import settings
-from django.core.checks import Error, register
+from django.core.checks import Error, Warning, register
 from django.db import DatabaseError
+from django.urls import get_resolver
+from django.utils.module_loading import import_string
 
 from core import ConfigError, MemoryStore
 from core.recorder import check_limit
@@ -13,6 +20,7 @@ from core.stores.cluster import check_options, parse_cluster_url
 from core.stores.redis import KEY_FORMATS
 
 from .compile import read_policy
+from .embedding import DECORATED
 from .services.forward_auth import authz_keys_problems, min_cost_problems
 
 
@@ -156,4 +164,106 @@ def check_alert_settings(app_configs=None, **kwargs) -> list[Error]:
         if isinstance(value, bool) or not isinstance(value, kind) or not value >= least:  # NaN too
             what = "a whole number" if whole else "a number"
             errors.append(Error(f"{name} must be {what} of at least {least:g}, not {value!r}", id="policies.E008"))
+    return errors
+
+
+# The settings of the embedded limiter's faces that hold a dict of options.
+EMBEDDED_SETTINGS = ("LIMITER_THROTTLE", "LIMITER_MIDDLEWARE")
+# Options given as a dotted path to a callable.
+CALLABLE_OPTIONS = ("key", "team", "cost", "denied_view")
+_WORKERS_FLAG = re.compile(r"(?:^|\s)(?:-w|--workers)(?:=|\s+)(\d+)")
+
+
+def embedded_limits() -> list[tuple[str, dict]]:
+    """(where, options) of every embedded limit: the faces' settings, and every view the
+    `limit` decorator wraps (the URLconf is imported, so that its views are decorated)."""
+    found = [(name, getattr(settings, name)) for name in EMBEDDED_SETTINGS if getattr(settings, name, None)]
+    try:
+        get_resolver().url_patterns  # noqa: B018  (importing the views decorates them)
+    except Exception:  # Django's own URL check reports a URLconf that does not load
+        pass
+    return found + [(holder.where, holder.config) for holder in DECORATED]
+
+
+def served_workers() -> int:
+    """How many worker processes the deployment says it runs: WEB_CONCURRENCY (which gunicorn
+    and uvicorn both read), or gunicorn's -w/--workers in GUNICORN_CMD_ARGS; 1 when neither."""
+    counts = [os.environ.get("WEB_CONCURRENCY", "")]
+    counts += _WORKERS_FLAG.findall(os.environ.get("GUNICORN_CMD_ARGS", ""))
+    return max([int(count) for count in counts if count.strip().isdigit()], default=1)
+
+
+@register("policies")
+def check_embedded_store(app_configs=None, **kwargs) -> list[Error]:
+    """policies.E009: an embedded limit under several workers needs a store they share
+    (REDIS_URL): in each process's memory, each worker would let the whole limit through."""
+    workers = served_workers()
+    if settings.REDIS_URL or workers < 2:
+        return []
+    limits = embedded_limits()
+    if not limits:
+        return []
+    return [
+        Error(
+            f"{limits[0][0]} would count in each process's memory: with {workers} workers, each would let "
+            f"the whole limit through ({len(limits)} embedded limit{'s' if len(limits) > 1 else ''})",
+            hint="Set REDIS_URL, so that every worker counts in one store (docs/EMBEDDING.md).",
+            id="policies.E009",
+        )
+    ]
+
+
+@register("policies")
+def check_embedded_tiers(app_configs=None, **kwargs) -> list[Warning]:
+    """policies.W001: a tier an embedded limit names is one the policy has (an unknown one
+    falls back to the default tier)."""
+    limits = [(where, options["tier"]) for where, options in embedded_limits() if options.get("tier")]
+    if not limits:
+        return []
+    try:
+        tiers = read_policy().tiers
+    except DatabaseError:
+        return []  # no tables yet: nothing to check against
+    return [
+        Warning(
+            f"{where} names the tier {tier!r}, which the policy does not have (known: "
+            f"{', '.join(sorted(tiers)) or 'none'}); it is limited by the default tier meanwhile",
+            hint="Create the tier in the console, or name one it has.",
+            id="policies.W001",
+        )
+        for where, tier in limits
+        if tier not in tiers
+    ]
+
+
+@register("policies")
+def check_embedded_callables(app_configs=None, **kwargs) -> list[Warning]:
+    """policies.W002: the functions an embedded limit's settings name by dotted path import
+    (a throttle would otherwise fail at its first request)."""
+    problems = []
+    for where, options in embedded_limits():
+        for option in CALLABLE_OPTIONS:
+            path = options.get(option) if isinstance(options, dict) else None
+            if not isinstance(path, str):
+                continue
+            try:
+                import_string(path)
+            except ImportError as error:
+                problems.append(Warning(f'{where}["{option}"]: cannot import {path!r}: {error}', id="policies.W002"))
+    return problems
+
+
+@register("policies")
+def check_ip_settings(app_configs=None, **kwargs) -> list[Error]:
+    """policies.E010: LIMITER_IP_HEADER is a header name or unset, LIMITER_IP_PROXIES a whole
+    number of proxies, at least 1."""
+    errors = []
+    header = settings.LIMITER_IP_HEADER
+    if header is not None and (not isinstance(header, str) or not re.fullmatch(r"[A-Za-z0-9-]+", header)):
+        errors.append(Error(f"LIMITER_IP_HEADER must be a header name or None, not {header!r}", id="policies.E010"))
+    proxies = settings.LIMITER_IP_PROXIES
+    if isinstance(proxies, bool) or not isinstance(proxies, int) or proxies < 1:
+        errors.append(
+            Error(f"LIMITER_IP_PROXIES must be a whole number of at least 1, not {proxies!r}", id="policies.E010")
+        )
     return errors

@@ -161,6 +161,27 @@ class PolicyCache:
             limiter = compiled.limiters[route] = compiled.policy.limiter(route, self.store, self.limiter_clock)
         return limiter
 
+    def limiter_for_tier(self, tier: str) -> HierarchicalLimiter:
+        """The compiled limiter of the tier named `tier`, whatever the team key; a tier the
+        policy does not have (deleted since) falls back to the default tier, as an unknown
+        tenant does (the system checks warn of it, policies.W001)."""
+        now = self.clock()
+        compiled = self._compiled
+        if compiled is None or now >= self._check_at or now >= compiled.expiry_at:
+            compiled = self._refresh(now)
+        route = ("tier", tier if tier in compiled.policy.tiers else compiled.policy.default_tier)
+        limiter = compiled.limiters.get(route)
+        if limiter is None:
+            limiter = compiled.limiters[route] = compiled.policy.limiter(route, self.store, self.limiter_clock)
+        return limiter
+
+    def due(self) -> bool:
+        """Whether the next limiter_for (or current) asks the database first: a coroutine
+        makes that call in a thread (Django's ORM is not for the event loop)."""
+        compiled = self._compiled
+        now = self.clock()
+        return compiled is None or now >= self._check_at or now >= compiled.expiry_at
+
     def refresh(self) -> None:
         """Check the policy version now, whatever the time of the last check."""
         self._check_at = -math.inf

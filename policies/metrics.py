@@ -7,9 +7,12 @@ in the view), and `limiter_reservations_total{event}`: opened, committed, cancel
 expired. The alerts (policies.services.alerts) add `limiter_quota_tenants{band}` (tenants at
 or above 80, 90 and 100 percent of a quota: no label names a tenant),
 `limiter_alert_firings_total{kind}`, `limiter_alert_deliveries_total{result}` and
-`limiter_alert_round_seconds`. What increments them is policies.services.recording; a reservation left open past
-its expiry is noticed by the statistics' sweep (core.stats) and counted by the one worker
-that removes it from the shared set of open reservations (`count_expired`).
+`limiter_alert_round_seconds`. `limiter_embedded_decisions_total{face,result}` counts the
+decisions a Django app's own views made through policies.embedding (face: decorator,
+middleware or throttle), which also count in the others. What increments them is
+policies.services.recording; a reservation left open past its expiry is noticed by the
+statistics' sweep (core.stats) and counted by the one worker that removes it from the
+shared set of open reservations (`count_expired`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ FLUSH_CPU = Counter(
 )
 OVER_QUOTA = Counter(
     "limiter_over_quota", "Decisions let go past a soft quota, by its level and rule.", ["level", "rule"]
+)
+EMBEDDED_DECISIONS = Counter(
+    "limiter_embedded_decisions",
+    "Decisions made in a Django app's own views (the decorator, the middleware, the DRF throttle), by face and "
+    "result; they count in limiter_decisions_total too.",
+    ["face", "result"],
 )
 RESERVATIONS = Counter(
     "limiter_reservations",

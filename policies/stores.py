@@ -34,6 +34,9 @@ def limiter_store() -> Store:
     if settings.REDIS_URL and "limiter" in settings.CACHES:
         return RedisStore(
             client=get_redis_connection("limiter"),
+            # Where coroutines connect (policies.embedding's async path), with the same timeout.
+            url=settings.REDIS_URL,
+            timeout=settings.LIMITER_STORE_TIMEOUT,
             prefix=settings.LIMITER_KEY_PREFIX,
             batch_client=get_redis_connection("limiter_batch"),
             key_format=settings.LIMITER_KEY_FORMAT,

@@ -1,6 +1,7 @@
 """Run the real service, as `make run` does, for end-to-end tests and benchmarks: a fresh
-SQLite database, migrated and loaded with a policy, a service token, and gunicorn on a
-free loopback port. Load goes to 127.0.0.1 only.
+SQLite database, migrated and loaded with a policy, a service token, and gunicorn (or, with
+`server="uvicorn"`, uvicorn's ASGI workers) on a free loopback port. Load goes to 127.0.0.1
+only.
 
     with Service(policy, redis_url=url, workers=4) as service:
         status, body = service.post("/api/v1/decisions", {"keys": {"team": "t"}})
@@ -41,8 +42,11 @@ class Service:
         extra_env: dict | None = None,
         scope: str = "decide",
         root: Path = ROOT,
+        server: str = "gunicorn",
     ) -> None:
-        """`root`: the checkout to serve (bench/ compares this one with another)."""
+        """`root`: the checkout to serve (bench/ compares this one with another). `server`:
+        "gunicorn" (WSGI, `threads` per worker) or "uvicorn" (ASGI, one event loop a worker)."""
+        self.server = server
         self.root = Path(root)
         self.directory = tempfile.TemporaryDirectory(prefix="limiter-e2e-")
         self.port = free_port()
@@ -89,7 +93,9 @@ class Service:
         """A second gunicorn on this one's database, Redis and token (another pool of workers,
         as docs/OPERATIONS.md runs the gateways' apart from the console's), started. Stop it
         before this one, which owns the database."""
-        other = Service(self.policy, workers=workers, threads=threads, scope=self.scope, root=self.root)
+        other = Service(
+            self.policy, workers=workers, threads=threads, scope=self.scope, root=self.root, server=self.server
+        )
         other.directory.cleanup()
         other.directory = self.directory
         other.env = {**self.env, **(extra_env or {})}
@@ -101,20 +107,7 @@ class Service:
         """gunicorn on this database, until stopped."""
         self.log = open(Path(self.directory.name) / self._log_name, "w")
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "limiter_admin.wsgi",
-                "-c",
-                "python:limiter_admin.gunicorn_conf",
-                "-b",
-                f"127.0.0.1:{self.port}",
-                "-w",
-                str(self.workers),
-                "--threads",
-                str(self.threads),
-            ],
+            self.command(),
             cwd=self.root,
             env=self.env,
             stdout=self.log,
@@ -124,11 +117,41 @@ class Service:
         self._wait_until_ready()
         return self
 
+    def command(self) -> list[str]:
+        if self.server == "uvicorn":
+            return [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "limiter_admin.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                str(self.workers),
+                "--no-access-log",
+            ]
+        return [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "limiter_admin.wsgi",
+            "-c",
+            "python:limiter_admin.gunicorn_conf",
+            "-b",
+            f"127.0.0.1:{self.port}",
+            "-w",
+            str(self.workers),
+            "--threads",
+            str(self.threads),
+        ]
+
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"gunicorn exited at start-up:\n{self.read_log()}")
+                raise RuntimeError(f"{self.server} exited at start-up:\n{self.read_log()}")
             try:
                 if self.get("/healthz")[0] == 200:
                     return
@@ -136,7 +159,7 @@ class Service:
                 pass
             time.sleep(0.05)  # start-up polling, not an edge under test
         self.stop()
-        raise RuntimeError(f"gunicorn did not answer within {STARTUP_TIMEOUT} s:\n{self.read_log()}")
+        raise RuntimeError(f"{self.server} did not answer within {STARTUP_TIMEOUT} s:\n{self.read_log()}")
 
     def read_log(self) -> str:
         path = Path(self.directory.name) / self._log_name

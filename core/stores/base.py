@@ -13,7 +13,8 @@ A store implements the required methods; each of the others has a default built 
               reserve, reservation, settle
     derived   decider (decide, bound to a plan), decide_many (a loop of decide), time (the
               clock), new_reservation_id, ping (nothing to ask), close (nothing to let go),
-              health (up)
+              health (up); for asyncio: adecider (the decider, in a thread) and call_async
+              (any call, in a thread)
 
 Reservations (`reserve`, `reservation`, `settle`) keep a record per reservation in the
 store itself, so that any process sharing the store can settle it; `decide_many` decides a
@@ -22,7 +23,8 @@ batch in order, in one round trip where the store is remote.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
 
@@ -32,6 +34,10 @@ from ..reservations import new_reservation_id
 from ..rules import Rule
 
 PlanT = TypeVar("PlanT")
+T = TypeVar("T")
+
+# A plan's decision for asyncio: (cost, now, lease) -> what `decide` returns, awaited.
+AsyncDecider = Callable[[float, float, "str | None"], Awaitable["Decision | Finding"]]
 
 
 class Check(NamedTuple):
@@ -122,6 +128,24 @@ class Store(Generic[PlanT]):
         return something faster than the default for plans it knows to be simple."""
         return partial(self.decide, plan)
 
+    def adecider(self, plan: PlanT) -> AsyncDecider:
+        """`decider` for a coroutine: the same decision, awaited without blocking the event
+        loop. The default runs the plan's decider in a thread; a store that can wait on
+        its network without one (Redis, on redis-py's asyncio client) or that never waits
+        (in process) replaces it."""
+        decide = self.decider(plan)
+
+        async def adecide(cost: float, now: float, lease: str | None = None) -> Decision | Finding:
+            return await asyncio.to_thread(decide, cost, now, lease)
+
+        return adecide
+
+    async def call_async(self, function: Callable[..., T], *args: Any) -> T:
+        """`function(*args)`, one of this store's calls (an explain, a release), from a
+        coroutine without blocking the event loop: in a thread by default; a store in this
+        process, which never waits on I/O, calls it at once."""
+        return await asyncio.to_thread(function, *args)
+
     def decide_many(
         self, items: Sequence[tuple[PlanT, float, float, str | None]]
     ) -> list[Decision | Finding | StoreUnavailable]:
@@ -177,6 +201,12 @@ class Wrapper(Store[PlanT]):
 
     def decider(self, plan: PlanT) -> Callable[[float, float, str | None], Decision | Finding]:
         return self.inner.decider(plan)
+
+    # No adecider here: a wrapper that decides in its own way (its decider) is awaited in
+    # a thread, by the default, unless it says otherwise.
+
+    async def call_async(self, function: Callable[..., T], *args: Any) -> T:
+        return await self.inner.call_async(function, *args)
 
     def decide_many(
         self, items: Sequence[tuple[PlanT, float, float, str | None]]

@@ -35,6 +35,7 @@ one call. `ClusterStore` is the router, behind `SharedBudgets` in lease mode.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 import time
@@ -54,7 +55,7 @@ from redis.retry import Retry
 from ..decision import Decision, Finding
 from ..errors import ConfigError, StoreUnavailable
 from ..reservations import new_reservation_id
-from .base import Check, Health, Store, Wrapper
+from .base import AsyncDecider, Check, Health, Store, Wrapper
 from .keeping import rule_tag
 from .library import LuaLibrary
 from .redis import BATCH_TIMEOUT, DEFAULT_TIMEOUT, MAX_CONNECTIONS, RedisPlan, RedisStore, redis_plan
@@ -337,6 +338,30 @@ class ClusterRouter(Store[ShardPlan]):
 
         return decide
 
+    def adecider(self, plan: ShardPlan) -> AsyncDecider:
+        """`decider` for coroutines: the node store's own adecider (its asyncio client), for
+        the node that holds the plan's slot at the time of each call; reading the slots
+        again (after a failure, or for a slot no node held) is done in a thread."""
+        if plan.variants:
+            return super().adecider(plan)
+        redis_plan, slot, owners = plan.redis, plan.slot, self.slots
+        deciders: dict[str, AsyncDecider] = {}
+
+        async def adecide(cost: float, now: float, lease: str | None = None) -> Decision | Finding:
+            node = owners.owners[slot]
+            if node is None:  # the first call, or a slot no node held last time
+                node = await asyncio.to_thread(self._owner, slot)
+            decide_on = deciders.get(node)
+            if decide_on is None:
+                decide_on = deciders[node] = self._store(node).adecider(redis_plan)
+            try:
+                return await decide_on(cost, now, lease)
+            except StoreUnavailable:
+                await asyncio.to_thread(owners.refresh, node)
+                raise
+
+        return adecide
+
     def decide_many(
         self, items: Sequence[tuple[ShardPlan, float, float, str | None]]
     ) -> list[Decision | Finding | StoreUnavailable]:
@@ -497,6 +522,9 @@ class ClusterStore(Wrapper[Any]):
                 lease_clock,
             )
         super().__init__(self.shared_budgets or self.router)
+
+    def adecider(self, plan: Any) -> AsyncDecider:
+        return self.inner.adecider(plan)  # the router's, or the shared budgets'
 
     @property
     def shards(self) -> int:

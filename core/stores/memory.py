@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import twophase
 from ..decision import Decision, Finding, allowed, found, inline_allowed
@@ -30,7 +30,9 @@ from ..errors import ReservationNotFound, ReservationSettled
 from ..reservations import CANCELLED, COMMITTED, OPEN
 from ..rules import EPSILON, Rule
 from ..twophase import Slot
-from .base import Check, Store
+from .base import AsyncDecider, Check, Store
+
+T = TypeVar("T")
 
 INFINITY = float("inf")
 SWEEP_MIN_DECISIONS = 256
@@ -175,6 +177,20 @@ class MemoryStore(Store[MemoryPlan]):
 
     def decider(self, plan: MemoryPlan) -> Callable[[float, float, str | None], Decision | Finding]:
         return plan.lean or partial(self.decide, plan)
+
+    def adecider(self, plan: MemoryPlan) -> AsyncDecider:
+        """The plan's decider, called in the coroutine itself: an in-process decision never
+        waits on I/O (its locks are held for a few microseconds), so a thread would only add
+        the hop."""
+        decide = self.decider(plan)
+
+        async def adecide(cost: float, now: float, lease: str | None = None) -> Decision | Finding:
+            return decide(cost, now, lease)
+
+        return adecide
+
+    async def call_async(self, function: Callable[..., T], *args: Any) -> T:
+        return function(*args)  # in process: nothing to wait on
 
     def _count_decision(self, now: float) -> None:
         """Count a decision towards the next sweep, and sweep when it is due."""

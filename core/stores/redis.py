@@ -18,6 +18,13 @@ script (EVALSHA, reloaded after NOSCRIPT).
 A plan with a plug-in rule that has no twin is decided optimistically (optimistic.py): WATCH,
 the two phases in Python (core/twophase.py), MULTI/EXEC.
 
+Coroutines decide on redis-py's asyncio client (`adecider`): the same plan, the same packed
+argument and the same FCALL of the same library, answered by the same `decision_of`, through
+the same circuit breaker; only the wait is awaited. redis-py's asyncio connections belong to
+the event loop that made them, so each loop gets a client of its own (a server that runs
+every request's coroutine on a loop of its own, an async view under WSGI, pays a connection
+per request). The optimistic path and a redirect are awaited in a thread.
+
 When Redis cannot be reached, calls fail within the socket timeouts (50 ms by default) and
 raise StoreUnavailable; the limiter then applies each level's fail mode. A circuit breaker
 (breaker.py) stops paying the timeout on every call while Redis is down, and tries again with
@@ -28,12 +35,16 @@ node redirects (MOVED, ASK) to its `redirect`.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.exceptions import AskError, NoScriptError, RedisError, ResponseError
@@ -44,7 +55,7 @@ from ..decision import Decision, Finding, allowed, found
 from ..errors import ConfigError, ReservationNotFound, ReservationSettled, StoreUnavailable
 from ..rules import Rule
 from ..twins import RedisTwin
-from .base import Check, Health, Store
+from .base import AsyncDecider, Check, Health, Store
 from .breaker import CircuitBreaker
 from .connections import ASKING, bulk, held_connections, script_call_start
 from .keeping import decode_record, record_fields, rule_tag
@@ -165,6 +176,10 @@ class RedisStore(Store[RedisPlan]):
         if key_format not in KEY_FORMATS:
             raise ConfigError(f"must be one of {', '.join(KEY_FORMATS)}, not {key_format!r}", "key_format")
         self.key_format, self.prefix, self.name, self.redirect = key_format, prefix, name, redirect
+        # Where coroutines connect (their asyncio clients): the URL, else the given client's.
+        self.url, self.timeout = url, timeout
+        self._async_clients: dict[asyncio.AbstractEventLoop, redis.asyncio.Redis] = {}
+        self._async_lock = threading.Lock()
         url = url or "redis://127.0.0.1:6379/0"
         self.client = client if client is not None else connect(url, timeout)
         # Batches read their answers on a client of their own, with a longer read timeout.
@@ -225,19 +240,26 @@ class RedisStore(Store[RedisPlan]):
 
         def decide(cost: float, now: float | None, lease: str | None = None) -> Decision | Finding:
             argument = f"{'-' if now is None else repr(now)} {cost!r} {lease or '-'}".encode() + spec
-            reply = call(fcall, lua, keys, bulk(argument), 1, packed)
-            if reply.__class__ is not list and lease is None:
-                return allowed(float(reply))
-            return outcome_of(reply)
+            return decision_of(call(fcall, lua, keys, bulk(argument), 1, packed), lease)
 
         def decide_timed(cost: float, now: float | None, lease: str | None = None) -> Decision | Finding:
             argument = f"{'-' if now is None else repr(now)} {cost!r} {lease or '-'}".encode() + tail_at(now)
-            reply = call(fcall, lua, keys, bulk(argument), 1, packed)
-            if reply.__class__ is not list and lease is None:
-                return allowed(float(reply))
-            return outcome_of(reply)
+            return decision_of(call(fcall, lua, keys, bulk(argument), 1, packed), lease)
 
         return decide_timed if plan.timed else decide
+
+    def adecider(self, plan: RedisPlan) -> AsyncDecider:
+        """`decider` for coroutines: the same argument and FCALL, sent on this event loop's
+        asyncio client and awaited. The optimistic path is awaited in a thread."""
+        if plan.optimistic:
+            return super().adecider(plan)
+        lua, keys, tail_at, acall, afcall = plan.lua, plan.keys, plan.decide_tail_at, self._acall, self._afcall
+
+        async def adecide(cost: float, now: float | None, lease: str | None = None) -> Decision | Finding:
+            argument = f"{'-' if now is None else repr(now)} {cost!r} {lease or '-'}".encode() + tail_at(now)
+            return decision_of(await acall(afcall, lua, keys, argument), lease)
+
+        return adecide
 
     def release(self, plan: RedisPlan, now: float | None, lease: str) -> int:
         if not plan.leased:
@@ -407,6 +429,7 @@ class RedisStore(Store[RedisPlan]):
         self.client.close()
         if self.batch_client is not self.client:
             self.batch_client.close()
+        self._async_clients.clear()  # their connections go with their loops
 
     def ping(self) -> None:
         self._call(self.client.ping)  # within the timeout; at once while the breaker is open
@@ -502,6 +525,72 @@ class RedisStore(Store[RedisPlan]):
             # the name holds the source's hash, so what it replaces is the same code.
             self.client.execute_command("FUNCTION", "LOAD", "REPLACE", lua.source)
 
+    async def _afcall(self, lua: LuaLibrary, keys: Sequence[str], argument: bytes) -> Any:
+        """`_fcall` on this event loop's asyncio client: FCALL (or EVALSHA), the library
+        loaded again when the server lost it, a cluster node's redirect followed; the last
+        two, rare, in a thread."""
+        client = self.async_client()
+        for attempt in range(NOSCRIPT_TRIES + 1):
+            scripts_only = self._scripts_only
+            name, script = ("EVALSHA", lua.sha) if scripts_only else ("FCALL", lua.function)
+            try:
+                return await client.execute_command(name, script, len(keys), *keys, argument)
+            except AskError as error:  # MovedError is one too
+                return await asyncio.to_thread(self._redirected, error, lua, keys, bulk(argument), 1, 0)
+            except ResponseError as error:
+                if attempt == NOSCRIPT_TRIES or not self._did_not_run(scripts_only, error):
+                    raise
+                await asyncio.to_thread(self._put_right, lua, scripts_only, error)
+
+    def async_client(self) -> redis.asyncio.Redis:
+        """The running event loop's asyncio client, with this store's timeouts and no retries
+        (its connections are that loop's); the clients of loops closed since are dropped."""
+        loop = asyncio.get_running_loop()
+        client = self._async_clients.get(loop)
+        if client is None:
+            with self._async_lock:
+                for closed in [other for other in self._async_clients if other.is_closed()]:
+                    del self._async_clients[closed]
+                client = self._async_clients[loop] = self._new_async_client()
+        return client
+
+    def _new_async_client(self) -> redis.asyncio.Redis:
+        options: dict[str, Any] = {
+            "socket_timeout": self.timeout,
+            "socket_connect_timeout": self.timeout,
+            "retry": AsyncRetry(NoBackoff(), 0),
+            "health_check_interval": 0,
+            "max_connections": MAX_CONNECTIONS,
+        }
+        if self.url:
+            return redis.asyncio.Redis.from_url(self.url, **options)
+        # A store given only a client: connect where its pool does.
+        pool = self.client.connection_pool
+        given = pool.connection_kwargs
+        names = ("host", "port", "db", "username", "password")
+        where: dict[str, Any] = {name: given[name] for name in names if name in given}
+        if "path" in given:
+            where["unix_socket_path"] = given["path"]
+        if issubclass(pool.connection_class, redis.SSLConnection):
+            where["ssl"] = True
+        return redis.asyncio.Redis(**where, **options)
+
+    async def _acall(self, function: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        """`_call` for a coroutine: the same breaker, the same errors."""
+        breaker = self.breaker
+        if not breaker.allows():
+            raise StoreUnavailable(f"{self.name} is unreachable; waiting before trying again")
+        try:
+            result = await function(*args)
+        except RedisError as error:
+            breaker.failed()  # as in _call: any driver error means no decision now
+            raise StoreUnavailable(f"Redis cannot decide: {error}") from error
+        except BaseException:
+            breaker.interrupted()  # a cancelled coroutine too: the next probe may go
+            raise
+        breaker.succeeded()
+        return result
+
     def _call(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
         """`function` through this store's breaker: StoreUnavailable at once while it is
         open, and for any driver error, which it counts."""
@@ -521,6 +610,15 @@ class RedisStore(Store[RedisPlan]):
             raise
         breaker.succeeded()
         return result
+
+
+def decision_of(reply: Any, lease: str | None) -> Decision | Finding:
+    """A decision's reply: the room left alone (every rule took, nothing else to say) is
+    the allowed Decision itself, unless a lease was taken (the limiter names it); else
+    outcome_of."""
+    if reply.__class__ is not list and lease is None:
+        return allowed(float(reply))
+    return outcome_of(reply)
 
 
 def outcome_of(reply: Any) -> Finding:
@@ -551,6 +649,7 @@ __all__ = [
     "RedisPlan",
     "RedisStore",
     "connect",
+    "decision_of",
     "lua_body",
     "lua_source",
     "outcome_of",

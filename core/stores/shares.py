@@ -38,7 +38,7 @@ from typing import Any
 from ..buckets import bucket_state
 from ..decision import Decision, Finding, found
 from ..errors import StoreUnavailable
-from .base import Check, Wrapper
+from .base import AsyncDecider, Check, Wrapper
 from .keeping import rule_tag
 
 SHARE_SCRIPT = (Path(__file__).parent / "lua" / "share.lua").read_text()
@@ -192,6 +192,13 @@ class SharedBudgets(Wrapper[SharedPlan]):
         if not plan.shares:  # nothing shared: the store behind decides it, indices and all
             return self.inner.decider(plan.inner)
         return partial(self.decide, plan)
+
+    def adecider(self, plan: SharedPlan) -> AsyncDecider:
+        """Nothing shared: the store behind's own; else the shares' decision, in a thread (a
+        share that runs out asks its pool)."""
+        if not plan.shares:
+            return self.inner.adecider(plan.inner)
+        return super().adecider(plan)
 
     def reserve(self, plan: SharedPlan, cost: float, now: float, lease: str | None, record: dict) -> Decision | Finding:
         return self._take(plan, cost, now, lambda inner: self.inner.reserve(inner, cost, now, lease, record), True)

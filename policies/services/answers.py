@@ -23,6 +23,9 @@ from collections.abc import Mapping
 from core import Decision, HierarchicalLimiter
 from policies.headers import limit_item, policy_item, retry_after_header, rule_quota, sf_string, whole_units
 
+# The error code of a 429 in the one error shape (services.errors.error_body).
+RATE_LIMITED = "rate_limited"
+
 # Names the soft quotas a request went past (`over_quota`), on an answer that let it go: a
 # structured field's list of strings (RFC 8941), as RateLimit-Policy names its rules.
 OVER_QUOTA_HEADER = "X-Limiter-Over-Quota"
@@ -44,6 +47,14 @@ def decision_body(decision: Decision) -> dict:
         "shadow_blocked": list(decision.shadow_blocked),
         "over_quota": list(decision.over_quota),
     }
+
+
+def denial_message(decision: Decision) -> str:
+    """What a 429's error message says: when to come back, or that the request never fits."""
+    if not math.isfinite(decision.retry_after):
+        return "Too many requests: this request can never fit the rate limit."
+    seconds = retry_after_header(decision.retry_after)
+    return f"Too many requests; try again in {seconds} second{'' if seconds == '1' else 's'}."
 
 
 def explain_rows(rows: list[dict]) -> list[dict]:

@@ -7,7 +7,8 @@ path, so every worker's counts add up in `/api/v1/stats/blocked`,
 `/api/v1/tenants/{key}/usage`, the console and the what-if replay.
 
 Every path that decides calls one function here per decision, and nothing else: `record`
-(a decision), `record_many` (a batch), `record_reservation` (a reservation asked for, allowed
+(a decision), `record_embedded` (a decision of a Django app's own view, policies.embedding),
+`record_many` (a batch), `record_reservation` (a reservation asked for, allowed
 or not), `reservation_settled` (committed or cancelled) and `record_release` (a concurrency
 lease handed back). A new path (a forward-auth endpoint, a gRPC service) calls the same ones
 with the keys, cost and priority it decided, so that its traffic is counted and replayable.
@@ -20,10 +21,20 @@ from typing import Any
 
 from core import Decision
 
-from ..metrics import DECISION_SECONDS, DECISIONS, OVER_QUOTA, RESERVATIONS, SHADOW_DENIALS, STORE_ERRORS
+from ..metrics import (
+    DECISION_SECONDS,
+    DECISIONS,
+    EMBEDDED_DECISIONS,
+    OVER_QUOTA,
+    RESERVATIONS,
+    SHADOW_DENIALS,
+    STORE_ERRORS,
+)
 from ..telemetry import decision_recorder, denial_stats
 
 _ALLOWED = DECISIONS.labels("allowed", "", "OK")
+# What the record and the metrics call a decision made in a Django app's own view.
+EMBEDDED = "embedded"
 _DEGRADED_ALLOWED = DECISIONS.labels("allowed", "", "STORE_UNAVAILABLE")
 
 
@@ -34,6 +45,28 @@ def record(keys: Mapping[str, str], decision: Decision, cost: float = 1, priorit
     recorder = decision_recorder()
     if recorder is not None:
         recorder.decision(keys, cost, priority, decision)
+
+
+_EMBEDDED: dict[tuple[str, bool], Any] = {}  # the counter's child per (face, allowed)
+
+
+def record_embedded(
+    keys: Mapping[str, str], decision: Decision, cost: float, face: str, replayable: bool = True
+) -> None:
+    """`record` for a decision made in a Django app's own view (`face`: decorator,
+    middleware or throttle), marked as embedded in the metrics and the record. Only a
+    decision under the console's policies is `replayable`: an inline limit's (`rate="10/s"`)
+    is counted, but no draft policy could replay it."""
+    _count(keys, decision, cost)
+    counter = _EMBEDDED.get((face, decision.allowed))
+    if counter is None:
+        counter = _EMBEDDED[face, decision.allowed] = EMBEDDED_DECISIONS.labels(
+            face, "allowed" if decision.allowed else "denied"
+        )
+    counter.inc()
+    recorder = decision_recorder() if replayable else None
+    if recorder is not None:
+        recorder.decision(keys, cost, None, decision, via=EMBEDDED)
 
 
 def record_reservation(

@@ -1,4 +1,4 @@
-"""The in-process limiter in front of Django views: the DRF throttle, the middleware, and the
+"""The embedded limiter in front of Django views: the DRF throttle, the middleware, and the
 RateLimit header fields they share (policies/headers.py).
 
 The views below are this module's own URLconf (`pytest.mark.urls`); the clock is a
@@ -20,6 +20,7 @@ from core import Decision, ManualClock
 from core.decision import COST_EXCEEDS_LIMIT
 from policies.headers import advertised_policy, ratelimit_headers, retry_after_header
 from policies.middleware import LimiterMiddleware
+from policies.stores import limiter_store
 from policies.throttling import LimiterThrottle, build_limit, reset_limits
 
 calls = []  # what reached the views
@@ -68,8 +69,10 @@ def clock():
 
 @pytest.fixture(autouse=True)
 def fresh(clock, monkeypatch):
-    """Fresh buckets, and the manual clock in both classes."""
+    """Fresh buckets (the process's store, in memory here, made anew), and the manual clock
+    in both classes."""
     calls.clear()
+    limiter_store.cache_clear()
     reset_limits()
     monkeypatch.setattr(LimiterThrottle, "timer", clock)
     monkeypatch.setattr(LimiterMiddleware, "timer", clock)
