@@ -193,6 +193,9 @@ LIMITER_AUTHZ_KEYS = env_json("LIMITER_AUTHZ_KEYS", {"user": "X-Limiter-User", "
 # default cost, 1, a forged header can make a request dearer, never cheaper; 0: no floor
 # (a cost above 0). policies.E006 checks it.
 LIMITER_AUTHZ_MIN_COST = env_number("LIMITER_AUTHZ_MIN_COST", 1)
+# Whether a forward-auth request takes a concurrency slot when its X-Limiter-Slot does not say:
+# off, since nginx and Caddy cannot give one back when the response ends (docs/GATEWAYS.md).
+LIMITER_AUTHZ_SLOTS = env_bool("LIMITER_AUTHZ_SLOTS", False)
 # Alerts (docs/OPERATIONS.md, "Alerts"): each serving worker evaluates the tenants it saw
 # every LIMITER_ALERT_EVERY seconds (0: no evaluation in this process), off the decisions'
 # path; a delivery waits LIMITER_ALERT_TIMEOUT seconds for the receiver, and is tried
