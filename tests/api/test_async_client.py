@@ -358,6 +358,26 @@ def test_a_slot_is_released_when_its_block_fails(run):
     assert run(scenario) == 2
 
 
+def test_a_slot_held_by_a_cancelled_task_is_released(run):
+    async def scenario(client):
+        inside = asyncio.Event()
+
+        async def hold_a_slot():
+            async with client.slot(GPU):
+                inside.set()
+                await asyncio.Event().wait()
+
+        task = asyncio.create_task(hold_a_slot())
+        await inside.wait()
+        held = await free_slots(client)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return held, await free_slots(client)
+
+    assert run(scenario) == (1, 2)
+
+
 # Errors -------------------------------------------------------------------------------------
 
 
