@@ -1,4 +1,7 @@
-"""A client of Limiter Admin's REST API (v1), on the standard library alone.
+"""The clients of Limiter Admin's REST API (v1), on the standard library alone: the
+synchronous `LimiterClient` here, and `AsyncLimiterClient` for asyncio programs
+(core/async_client.py, with the same calls awaited). What both read and raise is
+core/remote.py's, imported from here too.
 
     client = LimiterClient("http://127.0.0.1:8000", token)
     d = client.decide({"user": "u1", "team": "acme", "global": "*"}, cost=1)
@@ -24,73 +27,64 @@ the cost can never fit; so is a null `remaining`). Errors:
 Each thread keeps one HTTP/1.1 keep-alive connection. A request that fails because the server
 closed an idle kept-alive connection is sent once more on a new one: the usual practice (and
 urllib3's); the server may in rare cases have decided the first before the connection broke,
-which would count that request twice.
+which would count that request twice. (The asyncio client shares keep-alive connections
+among its tasks instead.)
 """
 
 from __future__ import annotations
 
 import http.client
-import json
-import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal
-from urllib.parse import quote, urlsplit
 
-from .decision import OK, Decision
+from .async_client import AsyncLimiterClient, AsyncRemoteReservation, AsyncSlot
+from .decision import Decision
 from .errors import LimiterError
+from .remote import (
+    API_PREFIX,
+    MIN_WAIT,
+    NOT_HELD,
+    USER_AGENT,
+    Endpoint,
+    LimiterAPIError,
+    LimiterUnavailable,
+    RateLimited,
+    ReservationAnswer,
+    batch_body,
+    deadline_of,
+    decide_body,
+    decision_from_json,
+    decisions_from_json,
+    encode,
+    next_wait,
+    read_answer,
+    release_path,
+    reservation_body,
+    settle_path,
+)
 
-API_PREFIX = "/api/v1"
-# A denial that says "retry now" (it should not happen) is retried after this, not at once.
-MIN_WAIT = 0.01
-USER_AGENT = "limiter-admin-client/1"
+__all__ = [
+    "API_PREFIX",
+    "MIN_WAIT",
+    "USER_AGENT",
+    "AsyncLimiterClient",
+    "AsyncRemoteReservation",
+    "AsyncSlot",
+    "LimiterAPIError",
+    "LimiterClient",
+    "LimiterUnavailable",
+    "RateLimited",
+    "RemoteReservation",
+    "Slot",
+    "decision_from_json",
+    "wait_until_allowed",
+]
+
 # The errors of a kept-alive connection that the server closed while it was idle.
 _STALE_CONNECTION = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError, http.client.RemoteDisconnected)
-
-
-class LimiterAPIError(LimiterError):
-    """The API answered with an error: `code` and `message` from its error shape, `fields`
-    mapping request fields to what is wrong with them, `status` the HTTP status."""
-
-    def __init__(
-        self, code: str, message: str, fields: Mapping[str, str] | None = None, status: int | None = None
-    ) -> None:
-        self.code, self.message, self.fields, self.status = code, message, dict(fields or {}), status
-        super().__init__(f"{status} {code}: {message}" if status else f"{code}: {message}")
-
-
-class LimiterUnavailable(LimiterError):
-    """The API could not be reached, or did not answer within the client's timeout."""
-
-
-class RateLimited(LimiterError):
-    """A reservation was denied; `decision` has the wait (`retry_after`) and `blocked_by`."""
-
-    def __init__(self, decision: Decision) -> None:
-        self.decision = decision
-        wait = "never fits" if math.isinf(decision.retry_after) else f"retry after {decision.retry_after:g} s"
-        super().__init__(f"rate limited by {decision.blocked_by} ({decision.reason}): {wait}")
-
-
-def decision_from_json(data: Any, status: int | None = None) -> Decision:
-    """A Decision from the API's JSON; null `retry_after` and `remaining` are math.inf."""
-    if not isinstance(data, dict) or not isinstance(data.get("allowed"), bool):
-        raise LimiterAPIError("bad_response", f"not a decision: {str(data)[:200]}", status=status)
-    retry_after, remaining = data.get("retry_after", 0.0), data.get("remaining")
-    return Decision(
-        allowed=data["allowed"],
-        retry_after=math.inf if retry_after is None else float(retry_after),
-        blocked_by=data.get("blocked_by"),
-        reason=data.get("reason") or OK,
-        remaining=math.inf if remaining is None else float(remaining),
-        degraded=bool(data.get("degraded", False)),
-        lease=data.get("lease"),
-        shadow_blocked=tuple(data.get("shadow_blocked") or ()),
-        over_quota=tuple(data.get("over_quota") or ()),
-    )
 
 
 def wait_until_allowed(
@@ -100,18 +94,16 @@ def wait_until_allowed(
     core.Throttle does in process). Gives up, returning the last denial, as soon as the wait would end past
     `timeout` seconds from now, so it never sleeps past the deadline; at once when the wait
     is infinite. `timeout=None` waits as long as it takes."""
-    deadline = math.inf if timeout is None else clock() + max(0.0, timeout)
+    deadline = deadline_of(clock(), timeout)
     while True:
         decision = decide()
-        if decision.allowed:
-            return decision
-        wait = max(decision.retry_after, MIN_WAIT)
-        if math.isinf(wait) or clock() + wait > deadline:
+        wait = next_wait(decision, clock(), deadline)
+        if wait is None:
             return decision
         sleep(wait)
 
 
-class RemoteReservation:
+class RemoteReservation(ReservationAnswer):
     """A cost held by the API's server until settled (in-process, the engine's own is
     core.Reservation). As a context manager it commits on a clean exit (with `actual_cost`
     if set, else the reserved `cost`) and cancels on an exception.
@@ -120,23 +112,14 @@ class RemoteReservation:
     store was down): there is nothing to settle, and settling does nothing.
     """
 
-    def __init__(self, client: LimiterClient, body: dict, cost: float, status: int) -> None:
+    def __init__(self, client: LimiterClient, body: Any, cost: float, status: int) -> None:
+        super().__init__(body, cost, status)
         self.client = client
-        self.decision = decision_from_json(body, status)
-        self.allowed = self.decision.allowed
-        self.id: str | None = body.get("id")
-        self.expires_at = _parse_time(body.get("expires_at"))
-        self.cost = cost
-        self.actual_cost: float | None = None
-        self.settlement: dict | None = None  # the server's answer to commit or cancel
-        self.settled = self.id is None
 
     def commit(self, actual_cost: float | None = None) -> dict | None:
         """Settle with the actual cost (default: `actual_cost`, else the reserved cost):
         the excess is refunded, a shortfall charged, concurrency slots released."""
-        if actual_cost is None:
-            actual_cost = self.actual_cost if self.actual_cost is not None else self.cost
-        return self._settle("commit", {"actual_cost": actual_cost})
+        return self._settle("commit", self.commit_body(actual_cost))
 
     def cancel(self) -> dict | None:
         """Refund everything and release the slots."""
@@ -146,10 +129,9 @@ class RemoteReservation:
         if self.id is None:
             return None
         try:
-            self.settlement = self.client._post(f"/reservations/{quote(self.id, safe='')}/{action}", body)[1]
+            self.settlement = self.client._post(settle_path(self.id, action), body)[1]
         except LimiterAPIError as error:
-            if error.status in (404, 409):  # expired or settled: it is not open any more
-                self.settled = True
+            self.settle_failed(error)
             raise
         self.settled = True
         return self.settlement
@@ -170,10 +152,6 @@ class RemoteReservation:
         except LimiterError as error:  # the body's exception is the one to see
             exc.add_note(f"cancelling reservation {self.id} failed too: {error}")
         return False
-
-    def __repr__(self) -> str:
-        state = "settled" if self.settled else f"open until {self.expires_at}"
-        return f"<RemoteReservation {self.id} cost={self.cost!r} {state}>"
 
 
 class Slot:
@@ -210,19 +188,12 @@ class LimiterClient:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        url = urlsplit(base_url)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"base_url must be an http:// or https:// URL, got {base_url!r}")
+        endpoint = Endpoint(base_url)
         self.base_url = base_url
-        self._connection_class = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-        self._host, self._port = url.hostname, url.port
-        self._prefix = url.path.rstrip("/") + API_PREFIX
-        self._headers = {
-            "Authorization": f"Bearer {token}",
-            "Content-Type": "application/json",
-            "Accept": "application/json",
-            "User-Agent": USER_AGENT,
-        }
+        self._connection_class = http.client.HTTPSConnection if endpoint.https else http.client.HTTPConnection
+        self._host, self._port = endpoint.host, endpoint.explicit_port
+        self._prefix = endpoint.prefix
+        self._headers = endpoint.headers(token)
         self.timeout, self.clock, self.sleep = timeout, clock, sleep
         self._local = threading.local()
         self._connections: list[http.client.HTTPConnection] = []
@@ -234,18 +205,14 @@ class LimiterClient:
         self, keys: Mapping[str, str], cost: float = 1, priority: str | None = None, dry_run: bool = False
     ) -> Decision:
         """May this request go now? Takes `cost` at every level of `keys`, or nothing."""
-        body = {"keys": dict(keys), "cost": cost, "priority": priority, "dry_run": dry_run}
-        status, data = self._post("/decisions", body)
+        status, data = self._post("/decisions", decide_body(keys, cost, priority, dry_run))
         return decision_from_json(data, status)
 
     def decide_batch(self, requests: Iterable[Mapping[str, Any]]) -> list[Decision]:
         """Many decisions in one round trip, in order, each as if made after the one before.
         Each request is a mapping with `keys` and optionally `cost` and `priority`."""
-        status, data = self._post("/decisions/batch", {"requests": [dict(r) for r in requests]})
-        decisions = data.get("decisions") if isinstance(data, dict) else None
-        if not isinstance(decisions, list):
-            raise LimiterAPIError("bad_response", f"no decisions in {str(data)[:200]}", status=status)
-        return [decision_from_json(item, status) for item in decisions]
+        status, data = self._post("/decisions/batch", batch_body(requests))
+        return decisions_from_json(data, status)
 
     def acquire(
         self, keys: Mapping[str, str], cost: float = 1, timeout: float | None = 10.0, priority: str | None = None
@@ -266,9 +233,9 @@ class LimiterClient:
         if lease is None:
             return False
         try:
-            self._post(f"/leases/{quote(lease, safe='')}/release", {})
+            self._post(release_path(lease), {})
         except LimiterAPIError as error:
-            if error.status == 404:
+            if error.status == NOT_HELD:
                 return False
             raise
         return True
@@ -295,11 +262,8 @@ class LimiterClient:
         """Reserve an estimated cost (and any concurrency slots) until settled or `hold`
         seconds pass (the server's default when None). Raises RateLimited when denied, so
         the body of `with client.reserve(...)` runs only with the reservation made."""
-        body = {"keys": dict(keys), "cost": cost, "priority": priority}
-        if hold is not None:
-            body["hold"] = hold
-        status, data = self._post("/reservations", body)
-        reservation = RemoteReservation(self, data if isinstance(data, dict) else {}, cost, status)
+        status, data = self._post("/reservations", reservation_body(keys, cost, priority, hold))
+        reservation = RemoteReservation(self, data, cost, status)
         if not reservation.allowed:
             raise RateLimited(reservation.decision)
         return reservation
@@ -319,7 +283,7 @@ class LimiterClient:
 
     def _post(self, path: str, body: dict) -> tuple[int, Any]:
         """POST JSON; (status, parsed JSON) of a 2xx answer, else LimiterAPIError."""
-        payload = json.dumps(body, allow_nan=False).encode()
+        payload = encode(body)
         for attempt in (1, 2):
             connection = self._connection()
             reused = connection.sock is not None
@@ -335,10 +299,7 @@ class LimiterClient:
             except (OSError, http.client.HTTPException) as error:
                 connection.close()
                 raise LimiterUnavailable(f"{self.base_url}: no answer: {error!r}") from error
-            data = _json(raw)
-            if not 200 <= response.status < 300:
-                raise _api_error(response.status, response.reason, data, raw)
-            return response.status, data
+            return response.status, read_answer(response.status, response.reason, raw)
         raise AssertionError("unreachable")
 
     def _connection(self) -> http.client.HTTPConnection:
@@ -366,26 +327,3 @@ class LimiterClient:
 
     def __repr__(self) -> str:
         return f"<LimiterClient {self.base_url}>"
-
-
-def _json(raw: bytes) -> Any:
-    try:
-        return json.loads(raw) if raw else None
-    except ValueError:
-        return None
-
-
-def _api_error(status: int, reason: str, data: Any, raw: bytes) -> LimiterAPIError:
-    error = data.get("error") if isinstance(data, dict) else None
-    if isinstance(error, dict) and isinstance(error.get("code"), str):
-        fields = error.get("fields") if isinstance(error.get("fields"), dict) else {}
-        return LimiterAPIError(error["code"], str(error.get("message", "")), fields, status)
-    text = raw[:200].decode("utf-8", "replace").strip() or reason
-    return LimiterAPIError(f"http_{status}", text, {}, status)
-
-
-def _parse_time(value: Any) -> datetime | None:
-    """ISO 8601 (a trailing Z included) to an aware datetime; None when absent."""
-    if not isinstance(value, str):
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))

@@ -173,6 +173,7 @@ class HierarchicalLimiter:
         self.fail_modes = {level: FailMode() for level in self.levels} | dict(fail_modes or {})
         self._injected_clock = clock
         self._fallback: HierarchicalLimiter | None = None
+        self._slotless: HierarchicalLimiter | None = None
         self.store = store if store is not None else MemoryStore()
         self.clock = clock if clock is not None else self.store.clock
         self.priorities = dict(priorities or {})
@@ -265,6 +266,22 @@ class HierarchicalLimiter:
         if adecide is None:
             adecide = plan.adecide = self.store.adecider(plan.store_plan)
         return adecide
+
+    def without_slots(self) -> HierarchicalLimiter:
+        """This limiter with its concurrency rules left out, on the same store: a request it
+        decides takes no slot and meets no concurrency limit, while every other rule counts it
+        in its usual state (a store keys a rule's state by level, key and rule, never by the
+        rule's place). For callers that could not give a slot back, such as a forward-auth
+        gateway in front of an upstream that never releases. Itself when it has no such rule."""
+        if self._slotless is None:
+            if not any(rule.leased for rules in self.levels.values() for rule in rules):
+                self._slotless = self
+            else:
+                levels = {level: [rule for rule in rules if not rule.leased] for level, rules in self.levels.items()}
+                self._slotless = HierarchicalLimiter(
+                    levels, self.store, self._injected_clock, self.priorities, self.fail_modes
+                )
+        return self._slotless
 
     def _acquire_slowly(self, plan: Plan, cost: float, keys: Mapping[str, str], priority: str | None) -> Decision:
         """Every case the lean path leaves out: a bad cost, a cost that never fits,

@@ -198,6 +198,13 @@ LIMITER_AUTHZ_MIN_COST = env_number("LIMITER_AUTHZ_MIN_COST", 1)
 # many of them there are; unset, REMOTE_ADDR.
 LIMITER_IP_HEADER = env_str("LIMITER_IP_HEADER") or None
 LIMITER_IP_PROXIES = env_int("LIMITER_IP_PROXIES", 1)
+# Whether a forward-auth request takes a concurrency slot when its X-Limiter-Slot does not say:
+# off, since nginx and Caddy cannot give one back when the response ends (docs/GATEWAYS.md).
+LIMITER_AUTHZ_SLOTS = env_bool("LIMITER_AUTHZ_SLOTS", False)
+# OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens} fields on every answer that
+# carries the RateLimit fields (policies.services.openai_headers): off, since each answer then
+# reads its rules' rooms from the store again, once per level.
+LIMITER_OPENAI_HEADERS = env_bool("LIMITER_OPENAI_HEADERS", False)
 # Alerts (docs/OPERATIONS.md, "Alerts"): each serving worker evaluates the tenants it saw
 # every LIMITER_ALERT_EVERY seconds (0: no evaluation in this process), off the decisions'
 # path; a delivery waits LIMITER_ALERT_TIMEOUT seconds for the receiver, and is tried

@@ -6,7 +6,9 @@ gateways that ask an HTTP endpoint about each request and act on its status (ngi
 The request's headers say what to decide: each level's key in the header that
 LIMITER_AUTHZ_KEYS names for it (the global level's key is always `*`), the cost in
 `X-Limiter-Cost` (default 1, at least LIMITER_AUTHZ_MIN_COST), the priority class in
-`X-Limiter-Priority`. The answer:
+`X-Limiter-Priority`, and whether to take a concurrency slot in `X-Limiter-Slot` (1 or 0;
+absent: LIMITER_AUTHZ_SLOTS, off by default: a request that takes none meets no concurrency
+rule). The answer:
 
 - allowed: 200, no body, the RateLimit fields, and `X-Limiter-Lease` (empty when no
   concurrency slot was taken: some gateways copy a header that is absent as a placeholder);
@@ -36,6 +38,7 @@ from policies.services.forward_auth import (
     cost_from_header,
     keys_from_headers,
     min_cost_problems,
+    slot_from_header,
 )
 from policies.services.inputs import MAX_KEY_LENGTH, parse_priority
 
@@ -45,6 +48,7 @@ from .schema_hooks import names_of
 
 COST_HEADER = "X-Limiter-Cost"
 PRIORITY_HEADER = "X-Limiter-Priority"
+SLOT_HEADER = "X-Limiter-Slot"
 LEASE_HEADER = "X-Limiter-Lease"  # carries the lease ticket (policies.services.leases)
 RETRY_AFTER_HEADER = "X-Limiter-Retry-After"
 DENY_STATUSES = (429, 403)
@@ -72,6 +76,13 @@ def _header_parameters() -> list[OpenApiParameter]:
             names_of("priority"),
             OpenApiParameter.HEADER,
             description="A priority class; absent: none.",
+        ),
+        OpenApiParameter(
+            SLOT_HEADER,
+            {"type": "string", "enum": ["0", "1"]},
+            OpenApiParameter.HEADER,
+            description="1: take a concurrency slot (its lease in X-Limiter-Lease), 0: take none, and meet no "
+            "concurrency rule; absent: LIMITER_AUTHZ_SLOTS (off unless set).",
         ),
         OpenApiParameter(
             "deny_status",
@@ -151,7 +162,8 @@ class AuthzView(GatewayView):
         keys = keys_from_headers(lambda name: meta.get(_meta_name(name)), settings.LIMITER_AUTHZ_KEYS, policy.levels)
         cost = cost_from_header(meta.get(_meta_name(COST_HEADER)), COST_HEADER, settings.LIMITER_AUTHZ_MIN_COST)
         priority = parse_priority(meta.get(_meta_name(PRIORITY_HEADER)), policy.priorities, PRIORITY_HEADER)
-        decided = decisions.decide(keys, cost, priority)
+        slots = slot_from_header(meta.get(_meta_name(SLOT_HEADER)), SLOT_HEADER, settings.LIMITER_AUTHZ_SLOTS)
+        decided = decisions.decide(keys, cost, priority, slots)
         decision = decided.decision
         headers = decision_headers(decided.limiter, keys, decision)
         if decision.allowed:

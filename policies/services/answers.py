@@ -11,7 +11,8 @@ one policy item per enforced rule of the request's levels:
 `RateLimit` reports one of them: on a denial the rule that blocked, otherwise the rule with
 the smallest quota, with `r` the decision's `remaining` (the tightest rule's room, rounded
 down). The store reports only the tightest room, not which rule holds it, so on an allowed
-answer the named rule is a best guess.
+answer the named rule is a best guess. With LIMITER_OPENAI_HEADERS=1, OpenAI's
+`x-ratelimit-*` fields follow (services.openai_headers), from a read of each rule's room.
 """
 
 from __future__ import annotations
@@ -20,8 +21,12 @@ import math
 import weakref
 from collections.abc import Mapping
 
+from django.conf import settings
+
 from core import Decision, HierarchicalLimiter
 from policies.headers import limit_item, policy_item, retry_after_header, rule_quota, sf_string, whole_units
+
+from .openai_headers import openai_headers
 
 # The error code of a 429 in the one error shape (services.errors.error_body).
 RATE_LIMITED = "rate_limited"
@@ -133,6 +138,8 @@ def decision_headers(limiter: HierarchicalLimiter, keys: Mapping[str, str], deci
         headers["Retry-After"] = retry_after_header(decision.retry_after)
     if decision.over_quota:
         headers[OVER_QUOTA_HEADER] = ", ".join(sf_string(name) for name in decision.over_quota)
+    if settings.LIMITER_OPENAI_HEADERS:
+        headers.update(openai_headers(limiter, keys))
     return headers
 
 

@@ -62,9 +62,11 @@ def limiter_for(keys: Mapping[str, str]) -> HierarchicalLimiter:
     return policy_cache().limiter_for(keys.get(TENANT_LEVEL))
 
 
-def decide(keys: Mapping[str, str], cost: float = 1, priority: str | None = None) -> Decided:
-    """Decide one request whose keys, cost and priority are already read, and record it."""
-    limiter = limiter_for(keys)
+def decide(keys: Mapping[str, str], cost: float = 1, priority: str | None = None, slots: bool = True) -> Decided:
+    """Decide one request whose keys, cost and priority are already read, and record it.
+    `slots=False`: the concurrency rules are left out (HierarchicalLimiter.without_slots),
+    for a caller that could not give a slot back."""
+    limiter = limiter_for(keys) if slots else limiter_for(keys).without_slots()
     decision = limiter.acquire(keys, cost, priority)
     record(keys, decision, cost, priority)
     return Decided(limiter, keys, decision, ticket(keys, decision.lease))

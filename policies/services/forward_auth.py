@@ -1,6 +1,7 @@
 """Forward-auth's contract, whatever serves it: which request header carries each level's key
 (LIMITER_AUTHZ_KEYS), the global level's fixed key, how a request's header fields become a
-key set, and the least cost a request may name (LIMITER_AUTHZ_MIN_COST).
+key set, the least cost a request may name (LIMITER_AUTHZ_MIN_COST), and whether it takes a
+concurrency slot (X-Limiter-Slot, else LIMITER_AUTHZ_SLOTS).
 policies/api/authz.py serves it over HTTP; policies.checks checks the settings at start-up.
 """
 
@@ -80,3 +81,22 @@ def cost_from_header(raw: str | None, field: str, floor: float) -> float:
             f"this header is required: the default cost, {DEFAULT_COST}, is below LIMITER_AUTHZ_MIN_COST ({floor:g})",
         )
     raise invalid(field, f"must be at least {floor:g} (LIMITER_AUTHZ_MIN_COST), got {raw.strip()!r}")
+
+
+# What X-Limiter-Slot may say: take a concurrency slot (1) or not (0).
+SLOT_WORDS = {"1": True, "0": False}
+
+
+def slot_from_header(raw: str | None, field: str, default: bool) -> bool:
+    """Whether a forward-auth request takes a concurrency slot: what header `field` says
+    (`raw`: "1" or "0"), else `default` (LIMITER_AUTHZ_SLOTS, off unless set). A stock
+    gateway (nginx, Caddy) cannot give a slot back when the response ends, and a stock
+    upstream never does: a slot it took would be held until its lease ran out, and a few
+    such requests would lock the tenant out. So a slot is taken only when the gateway asks,
+    for an upstream that releases it (POST /api/v1/leases/<lease>/release)."""
+    if raw is None:
+        return default
+    taken = SLOT_WORDS.get(raw.strip())
+    if taken is None:
+        raise invalid(field, f"must be 1 (take a concurrency slot) or 0 (take none), got {raw.strip()[:40]!r}")
+    return taken

@@ -15,7 +15,14 @@ A RateLimitRequest is one decision:
   may not give one level two keys, nor ask for different costs above 0 (INVALID_ARGUMENT:
   such a request is not one decision).
 
-The answer has one DescriptorStatus per descriptor, in order: OVER_LIMIT for the descriptor
+A request whose descriptors carry a `lease` entry (one each, and nothing else) is no decision:
+it gives back the concurrency slots of those tickets, as POST /api/v1/leases/<ticket>/release
+does. Envoy sends it when a stream ends (a rate limit with `apply_on_stream_done`, whose
+descriptor is the `x-limiter-lease` request header that the decision's answer added), so a
+slot comes back when the response is done, whatever the upstream. Each descriptor is answered
+OK, whether a slot was held or not (released already, run out, a ticket of another key).
+
+The answer to a decision has one DescriptorStatus per descriptor, in order: OVER_LIMIT for the descriptor
 whose level blocked, with the wait as `duration_until_reset`; `current_limit` is the rule the
 `RateLimit` field names among the descriptor's levels, in the largest unit in which its quota
 is a whole number per unit (none for a rule with no window, such as concurrency);
@@ -34,6 +41,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ratelimit.v3 import rls_pb2
 
 from core import Decision, HierarchicalLimiter
+from core.decision import allowed
 from core.params import LARGEST_NUMBER
 
 from ..compile import policy_cache
@@ -41,11 +49,12 @@ from ..policy import TENANT_LEVEL
 from .answers import binding_quota, decision_headers
 from .errors import invalid
 from .inputs import MAX_KEY_LENGTH, parse_priority
-from .leases import TICKET_HEADER, ticket
+from .leases import MAX_TICKET, TICKET_HEADER, release, ticket
 from .recording import observe_seconds, record
 
 Response = rls_pb2.RateLimitResponse
 PRIORITY_ENTRY = "priority"
+LEASE_ENTRY = "lease"  # a ticket to give back: the request releases, it decides nothing
 MAX_DESCRIPTORS = 64
 # Envoy's units, with their seconds: the largest that fits a quota's window is chosen.
 UNITS = (
@@ -73,13 +82,7 @@ class Asked(NamedTuple):
 def parse_request(request: Any, policy: Any) -> Asked:
     """Check a RateLimitRequest against the policy; Invalid naming the field otherwise, which
     the gRPC service answers as INVALID_ARGUMENT with the same message (the JSON form: 400)."""
-    domain = settings.LIMITER_RLS_DOMAIN
-    if request.domain != domain:
-        raise invalid("domain", f"must be {domain!r} (LIMITER_RLS_DOMAIN), got {request.domain!r}")
-    if not request.descriptors:
-        raise invalid("descriptors", "must hold at least one descriptor")
-    if len(request.descriptors) > MAX_DESCRIPTORS:
-        raise invalid("descriptors", f"at most {MAX_DESCRIPTORS} descriptors, got {len(request.descriptors)}")
+    check_envelope(request)
     default_cost = request.hits_addend or 1  # unset (0) means 1, as Envoy defines it
     configured = ", ".join(policy.levels) or "none"
     keys: dict[str, str] = {}
@@ -122,6 +125,39 @@ def parse_request(request: Any, policy: Any) -> Asked:
     return Asked(levels, costs, keys, taking[0] if taking else 0, priorities.pop() if priorities else None)
 
 
+def check_envelope(request: Any) -> None:
+    """The domain, and a number of descriptors from 1 to MAX_DESCRIPTORS; Invalid otherwise."""
+    domain = settings.LIMITER_RLS_DOMAIN
+    if request.domain != domain:
+        raise invalid("domain", f"must be {domain!r} (LIMITER_RLS_DOMAIN), got {request.domain!r}")
+    if not request.descriptors:
+        raise invalid("descriptors", "must hold at least one descriptor")
+    if len(request.descriptors) > MAX_DESCRIPTORS:
+        raise invalid("descriptors", f"at most {MAX_DESCRIPTORS} descriptors, got {len(request.descriptors)}")
+
+
+def tickets_to_release(request: Any) -> list[str] | None:
+    """The lease tickets a request gives back, one `lease` entry per descriptor; None when it
+    carries none (a decision). Invalid for a request that mixes the two, or an empty ticket."""
+    if not any(entry.key == LEASE_ENTRY for descriptor in request.descriptors for entry in descriptor.entries):
+        return None
+    tickets = []
+    for i, descriptor in enumerate(request.descriptors):
+        entries = descriptor.entries
+        if len(entries) != 1 or entries[0].key != LEASE_ENTRY:
+            raise invalid(
+                f"descriptors[{i}].entries",
+                f"a request that gives slots back holds one {LEASE_ENTRY!r} entry per descriptor and nothing "
+                "else: a slot is given back apart from any decision (Envoy: apply_on_stream_done)",
+            )
+        value = entries[0].value
+        if not value or len(value) > MAX_TICKET:
+            field = f"descriptors[{i}].entries[0].value"
+            raise invalid(field, f"must be a lease ticket of 1 to {MAX_TICKET} characters")
+        tickets.append(value)
+    return tickets
+
+
 def _check_key(value: str, field: str) -> None:
     if not value:
         raise invalid(field, "must be a non-empty string")
@@ -141,6 +177,10 @@ def should_rate_limit(request: Any, endpoint: str | None = "rls") -> RlsAnswer:
     time goes to limiter_decision_seconds{endpoint} (None: the caller times it)."""
     start = perf_counter()
     try:
+        check_envelope(request)
+        tickets = tickets_to_release(request)
+        if tickets is not None:
+            return RlsAnswer(_released(tickets), RELEASED)
         cache = policy_cache()
         asked = parse_request(request, cache.current())
         limiter = cache.limiter_for(asked.keys.get(TENANT_LEVEL))
@@ -149,6 +189,17 @@ def should_rate_limit(request: Any, endpoint: str | None = "rls") -> RlsAnswer:
     finally:
         if endpoint is not None:
             observe_seconds(endpoint, perf_counter() - start)
+
+
+# What a release answers the transports with: it denies nothing.
+RELEASED = allowed(math.inf)
+
+
+def _released(tickets: list[str]) -> Any:
+    """Give back each ticket's slots; every descriptor is answered OK, held or not."""
+    for held in tickets:
+        release(held)
+    return Response(overall_code=Response.OK, statuses=[Response.DescriptorStatus(code=Response.OK) for _ in tickets])
 
 
 def _decide(limiter: HierarchicalLimiter, asked: Asked) -> tuple[Decision, dict[str, str]]:

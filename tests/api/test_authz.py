@@ -196,24 +196,61 @@ def test_the_default_key_map_has_no_problem():
     assert authz_keys_problems({"user": "X-Limiter-User", "team": "X-Limiter-Team"}) == []
 
 
-def test_a_decision_that_took_a_slot_answers_its_lease_which_releases(engine, load, token):
-    load(
-        {
-            "default_tier": "t",
-            "levels": [{"name": "user"}, {"name": "team"}],
-            "tiers": {"t": {"team": [{"type": "concurrency", "limit": 1, "lease": 30}]}},
+SLOTS = {
+    "default_tier": "t",
+    "levels": [{"name": "user"}, {"name": "team"}],
+    "tiers": {
+        "t": {
+            "user": [{"type": "fixed_window", "limit": 3, "window": 60}],
+            "team": [{"type": "concurrency", "limit": 1, "lease": 30}],
         }
-    )
-    headers = {"HTTP_X_LIMITER_USER": "u1", "HTTP_X_LIMITER_TEAM": "lab"}
-    lease = ask(token, **headers)["X-Limiter-Lease"]
+    },
+}
+LAB = {"HTTP_X_LIMITER_USER": "u1", "HTTP_X_LIMITER_TEAM": "lab"}
+
+
+def test_a_request_that_asks_for_a_slot_answers_its_lease_which_releases(engine, load, token):
+    load(SLOTS)
+    lease = ask(token, **LAB, HTTP_X_LIMITER_SLOT="1")["X-Limiter-Lease"]
     assert read_ticket(lease) == ({"user": "u1", "team": "lab"}, lease.split(".")[0])
-    denied = ask(token, **headers)
+    denied = ask(token, **LAB, HTTP_X_LIMITER_SLOT="1")
     assert denied.status_code == 429 and "X-Limiter-Lease" not in denied
+    assert json.loads(denied.content)["blocked_by"].startswith("team: concurrency(1")
     released = Client().post(
         f"/api/v1/leases/{lease}/release", HTTP_AUTHORIZATION=f"Bearer {token}", content_type="application/json"
     )
     assert released.status_code == 200
-    assert ask(token, **headers).status_code == 200
+    assert ask(token, **LAB, HTTP_X_LIMITER_SLOT="1").status_code == 200
+
+
+def test_by_default_a_request_takes_no_slot_and_meets_no_concurrency_rule(engine, load, token):
+    """nginx and Caddy cannot give a slot back: without X-Limiter-Slot, none is taken, and a
+    slot held by another caller stops nobody; every other rule counts as usual."""
+    load(SLOTS)
+    held = ask(token, **LAB, HTTP_X_LIMITER_SLOT="1")["X-Limiter-Lease"]
+    assert held
+    answers = [ask(token, **LAB) for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert [a["X-Limiter-Lease"] for a in answers[:2]] == ["", ""]
+    assert json.loads(answers[2].content)["blocked_by"].startswith("user: fixed_window(3")
+
+
+def test_limiter_authz_slots_takes_one_unless_the_header_says_0(engine, load, token):
+    load(SLOTS)
+    with override_settings(LIMITER_AUTHZ_SLOTS=True):
+        without = ask(token, **LAB, HTTP_X_LIMITER_SLOT="0")
+        taken = ask(token, **LAB)
+        refused = ask(token, **{**LAB, "HTTP_X_LIMITER_USER": "u2"})
+    assert without.status_code == 200 and without["X-Limiter-Lease"] == ""
+    assert taken.status_code == 200 and taken["X-Limiter-Lease"]
+    assert refused.status_code == 429
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "", "true"])
+def test_a_slot_header_that_is_not_1_or_0_is_a_400_naming_it(api, token, value):
+    response = ask(token, **HEADERS, HTTP_X_LIMITER_SLOT=value)
+    assert response.status_code == 400
+    assert "must be 1 (take a concurrency slot) or 0" in error(response)["fields"]["X-Limiter-Slot"]
 
 
 def test_the_decision_is_counted_and_timed(api, token):

@@ -150,6 +150,22 @@ def test_a_slot_taken_hands_its_lease_to_the_upstream(memory_engine, load, polic
     assert decide_client.post(f"/api/v1/leases/{lease}/release").status_code == 404
 
 
+def test_a_lease_descriptor_gives_the_slot_back_as_envoy_asks_at_the_streams_end(memory_engine, load, policy_doc):
+    policy_doc["tiers"]["free"]["team"] = [{"type": "concurrency", "limit": 1, "lease": 30}]
+    load(policy_doc)
+    first = decide(descriptor(("team", "t1")))
+    [lease] = [h.value for h in first.request_headers_to_add if h.key == TICKET_HEADER]
+    assert decide(descriptor(("team", "t1"))).overall_code == Response.OVER_LIMIT
+    released = decide(descriptor(("lease", lease)))
+    assert released.overall_code == Response.OK and [s.code for s in released.statuses] == [Response.OK]
+    assert not released.request_headers_to_add and not released.response_headers_to_add
+    assert decide(descriptor(("team", "t1"))).overall_code == Response.OK
+    # Given back already, or never a ticket: answered OK, and nothing more is released.
+    again = decide(descriptor(("lease", lease)), descriptor(("lease", "not-a-ticket")))
+    assert [s.code for s in again.statuses] == [Response.OK, Response.OK]
+    assert decide(descriptor(("team", "t1"))).overall_code == Response.OVER_LIMIT
+
+
 def test_every_decision_is_recorded_for_the_statistics_and_the_what_if(api, clock):
     recorder = DecisionRecorder(clock=clock, flush_every=None)
     install_decision_recorder(recorder)
@@ -204,6 +220,10 @@ def test_a_check_only_descriptor_with_the_store_down_cannot_be_answered(db, load
         (ask(descriptor(("team", "a")), descriptor(("team", "b"))), "descriptors[1].entries[0].value", "one key"),
         (ask(descriptor(("team", "a"), hits=1), descriptor(("user", "u"), hits=2)), "descriptors", "costs [1, 2]"),
         (ask(descriptor(("team", "a"), hits=10**16)), "descriptors[0].hits_addend", "whole number from 0"),
+        (ask(descriptor(("team", "a"), ("lease", "t"))), "descriptors[0].entries", "one 'lease' entry"),
+        (ask(descriptor(("lease", "t")), descriptor(("team", "a"))), "descriptors[1].entries", "apart from any"),
+        (ask(descriptor(("lease", ""))), "descriptors[0].entries[0].value", "a lease ticket of 1 to 2048"),
+        (ask(descriptor(("lease", "t")), domain="other"), "domain", "must be 'limiter'"),
     ],
 )
 def test_a_request_that_is_not_one_decision_is_refused_naming_what_is_wrong(api, request_, field, words):
@@ -264,6 +284,19 @@ def test_json_answers_200_under_the_limit_and_429_over_in_protojson(memory_engin
     # The answer's header fields are the response's too.
     assert over["Retry-After"] == str(math.ceil(float(status["durationUntilReset"][:-1])))
     assert over["RateLimit"].startswith('"team:fixed_window";r=0;t=')
+
+
+def test_json_gives_a_slot_back_for_a_lease_descriptor(memory_engine, load, policy_doc, decide_client):
+    policy_doc["tiers"]["free"]["team"] = [{"type": "concurrency", "limit": 1, "lease": 30}]
+    load(policy_doc)
+    body = {"domain": "limiter", "descriptors": [{"entries": [{"key": "team", "value": "t1"}]}]}
+    taken = post_json(decide_client, body).json()
+    [lease] = [h["value"] for h in taken["requestHeadersToAdd"] if h["key"] == TICKET_HEADER]
+    assert post_json(decide_client, body).status_code == 429
+    release = {"domain": "limiter", "descriptors": [{"entries": [{"key": "lease", "value": lease}]}]}
+    released = post_json(decide_client, release)
+    assert (released.status_code, released.json()) == (200, {"overallCode": "OK", "statuses": [{"code": "OK"}]})
+    assert post_json(decide_client, body).status_code == 200
 
 
 def test_json_takes_snake_case_names_and_hits_addend_as_the_cost(memory_engine, load, policy_doc, decide_client):

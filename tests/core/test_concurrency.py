@@ -149,3 +149,33 @@ def test_a_forked_worker_hands_out_lease_ids_of_its_own():
     in_parent = limiter.acquire({"user": "parent"}).lease
     assert in_child and in_parent
     assert in_child.split("-")[0] != in_parent.split("-")[0]  # a prefix of its own, not only a number
+
+
+# Without slots: for callers that could never give one back ---------------------------------
+
+
+def test_without_slots_a_request_takes_no_slot_and_meets_no_concurrency_limit(build):
+    limiter = build({"user": [concurrency(1), token_bucket(3, 0)], "team": [concurrency(1)]})
+    held = limiter.acquire({"user": "u", "team": "t"})
+    assert held.allowed and held.lease
+    slotless = limiter.without_slots()
+    decisions = [slotless.acquire({"user": "u", "team": "t"}) for _ in range(3)]
+    # Not held back by the slots in flight, and holding none; the bucket counts every one.
+    assert [d.allowed for d in decisions] == [True, True, False]
+    assert all(d.lease is None for d in decisions)
+    assert decisions[2].blocked_by == "user: token_bucket(3, 0/s)"
+    assert in_flight(limiter) == 1 and in_flight(limiter, "t", "team") == 1
+
+
+def test_without_slots_shares_every_other_rules_state_with_the_limiter(build):
+    limiter = build({"user": [token_bucket(4, 0), concurrency(5)]})
+    assert limiter.without_slots().acquire(KEYS, cost=3).allowed
+    assert limiter.acquire(KEYS).remaining == 0  # the same bucket, whichever took from it
+    assert not limiter.without_slots().acquire(KEYS).allowed
+
+
+def test_a_limiter_without_concurrency_rules_is_its_own_view_without_slots(build):
+    limiter = build({"user": [token_bucket(4, 0)]})
+    assert limiter.without_slots() is limiter
+    with_slots = build({"user": [concurrency(1)]})
+    assert with_slots.without_slots() is with_slots.without_slots() is not with_slots

@@ -5,7 +5,10 @@ whatever x-limiter-* header fields the client sends."""
 
 import copy
 import json
+import socket
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -47,6 +50,8 @@ CALLERS = {
     **{f"{forgery} {role}": fresh(forgery) for forgery in FORGERIES for role in ("caller", "victim")},
     **{label: fresh(label) for label in ("exact", "shared", "token", "down")},
     "slotted": caller("slotted"),
+    "pair": caller("pair"),
+    "gone": caller("gone"),
 }
 
 
@@ -55,6 +60,8 @@ def policy() -> dict:
     doc["tiers"]["free"]["team"] = [{"type": "fixed_window", "limit": N, "window": 3600}]
     doc["tiers"]["slots"] = {"team": [{"type": "concurrency", "limit": 1, "lease": 60}]}
     doc["tenants"]["slotted"] = {"tier": "slots"}
+    doc["tiers"]["pairs"] = {"team": [{"type": "concurrency", "limit": 2, "lease": 60}]}
+    doc["tenants"]["pair"] = doc["tenants"]["gone"] = {"tier": "pairs"}
     return doc
 
 
@@ -122,17 +129,61 @@ def test_grpc_through_envoy_and_rest_share_the_buckets(envoy, limiter):
     assert envoy.get("/", key_of("shared"))[0] == 429
 
 
+def free_slots(service, team: str, expected: int, timeout: float = 10.0) -> int:
+    """The team's free concurrency slots (a dry run's `remaining`), once they are `expected`
+    or `timeout` seconds have passed: Envoy gives a slot back by a call of its own after the
+    response has gone out, so the slot is free a moment after the client has its answer."""
+    deadline = time.monotonic() + timeout
+    while (free := team_remaining(service, team)) != expected and time.monotonic() < deadline:
+        time.sleep(0.02)  # waiting for Envoy's call at the stream's end, not an edge under test
+    return free
+
+
 def test_a_slot_taken_reaches_the_upstream_as_its_lease_and_a_forged_one_does_not(envoy, limiter):
     status, _, body = envoy.get("/", {**key_of("slotted"), "x-limiter-lease": "forged"})
     assert status == 200
     lease = json.loads(body).get("x-limiter-lease")
     assert lease and lease != "forged"
-    status, headers, _ = envoy.get("/", key_of("slotted"))
-    assert status == 429 and "retry-after" in headers
-    # The upstream, done, gives the slot back over REST: the next request goes through.
+    # Envoy gave the slot back when the response ended: releasing it over REST finds nothing.
     service, _ = limiter
-    assert service.post(f"/api/v1/leases/{lease}/release", {})[0] == 200
-    assert envoy.get("/", key_of("slotted"))[0] == 200
+    assert free_slots(service, "slotted", 1) == 1
+    assert service.post(f"/api/v1/leases/{lease}/release", {})[0] == 404
+
+
+def test_a_slot_comes_back_when_its_response_ends_and_not_before(envoy, limiter, upstream):
+    """A concurrency limit of 2: two long requests are in, a third is refused; once the first
+    has its answer, its slot comes back (Envoy's call at the stream's end), and a fourth gets
+    in, whatever the upstream (ours never releases anything)."""
+    service, _ = limiter
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(envoy.get, "/held/pair-1", key_of("pair"))
+        assert upstream.arrived("pair-1")
+        second = pool.submit(envoy.get, "/held/pair-2", key_of("pair"))
+        assert upstream.arrived("pair-2")
+        third = envoy.get("/", key_of("pair"))
+        assert third[0] == 429 and "retry-after" in third[1]
+        assert free_slots(service, "pair", 0, timeout=0) == 0
+        upstream.finish("pair-1")
+        assert first.result(10)[0] == 200
+        assert free_slots(service, "pair", 1) == 1
+        fourth = pool.submit(envoy.get, "/held/pair-4", key_of("pair"))
+        assert upstream.arrived("pair-4")
+        assert envoy.get("/", key_of("pair"))[0] == 429  # the second and the fourth hold both
+        upstream.finish("pair-2")
+        upstream.finish("pair-4")
+        assert second.result(10)[0] == 200 and fourth.result(10)[0] == 200
+    assert free_slots(service, "pair", 2) == 2
+
+
+def test_a_client_that_goes_away_mid_request_gives_its_slot_back(envoy, limiter, upstream):
+    service, _ = limiter
+    with socket.create_connection(("127.0.0.1", envoy.port), timeout=10) as client:
+        client.sendall(f"GET /held/gone HTTP/1.1\r\nHost: x\r\nx-api-key: {CALLERS['gone'].key}\r\n\r\n".encode())
+        assert upstream.arrived("gone")
+        assert free_slots(service, "gone", 1, timeout=0) == 1
+    # Envoy resets the upstream stream, and the stream's end gives the slot back.
+    assert free_slots(service, "gone", 2) == 2
+    upstream.finish("gone")
 
 
 @pytest.mark.parametrize(

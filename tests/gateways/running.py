@@ -77,12 +77,21 @@ def team_remaining(service, team: str) -> float:
     return body["remaining"]
 
 
+HELD = "/held/"
+HOLD_TIMEOUT = 30.0
+
+
 class Upstream:
     """An HTTP server that answers 200 to anything, with the request's x-limiter-* header
-    fields as its JSON body, and counts the requests that reached it by path (`hits`)."""
+    fields as its JSON body, and counts the requests that reached it by path (`hits`).
+
+    A long request: one to `/held/<name>` is answered only once `finish(name)` is called
+    (within HOLD_TIMEOUT); `arrived(name)` waits until it has reached the upstream."""
 
     def __init__(self) -> None:
         self.hits: dict[str, int] = {}
+        self.reached: dict[str, threading.Event] = {}
+        self.finished: dict[str, threading.Event] = {}
         lock = threading.Lock()
         upstream = self
 
@@ -97,13 +106,20 @@ class Upstream:
             def answer(self) -> None:
                 with lock:
                     upstream.hits[self.path] = upstream.hits.get(self.path, 0) + 1
+                if self.path.startswith(HELD):
+                    name = self.path[len(HELD) :]
+                    upstream.event(upstream.reached, name).set()
+                    upstream.event(upstream.finished, name).wait(HOLD_TIMEOUT)
                 seen = {k.lower(): v for k, v in self.headers.items() if k.lower().startswith("x-limiter")}
                 body = json.dumps(seen).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # a long request whose client went away meanwhile
 
             do_GET = do_POST = answer  # noqa: N815  (http.server's names)
 
@@ -115,6 +131,17 @@ class Upstream:
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
+    def event(self, events: dict[str, threading.Event], name: str) -> threading.Event:
+        return events.setdefault(name, threading.Event())  # one step: safe across threads
+
+    def arrived(self, name: str, timeout: float = HOLD_TIMEOUT) -> bool:
+        """Whether the long request `name` reached the upstream within `timeout` seconds."""
+        return self.event(self.reached, name).wait(timeout)
+
+    def finish(self, name: str) -> None:
+        """Answer the long request `name` (now, or as soon as it comes)."""
+        self.event(self.finished, name).set()
+
     @property
     def total(self) -> int:
         """The requests that reached it, whatever their path."""
@@ -125,6 +152,8 @@ class Upstream:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for event in list(self.finished.values()):
+            event.set()  # no long request outlives its test
         self.server.shutdown()
         self.server.server_close()
 

@@ -144,15 +144,15 @@ def test_a_denial_carries_the_retry_after_the_limiter_gave(gateway, limiter):
     assert denial["error"]["code"] == "rate_limited" if gateway.name == "nginx" else denial["allowed"] is False
 
 
-def test_the_upstream_gets_the_lease_of_a_concurrency_slot_which_releases(gateway, limiter, upstream):
+def test_an_upstream_that_never_releases_cannot_lock_a_team_out(gateway, limiter, upstream):
+    """A team of concurrency limit 1 behind nginx or Caddy, whose upstream (ours) gives nothing
+    back: forward-auth takes no slot unless the gateway asks, so every request goes through,
+    with an empty lease, also when the client itself asks for a slot (the gateway drops it)."""
     caller = gateway.callers["slotted"]
-    status, _, body = gateway.get("/slots", key_of(caller))
-    assert status == 200
-    lease = json.loads(body)["x-limiter-lease"]
-    assert lease
-    assert gateway.get("/slots", key_of(caller))[0] == 429
-    assert limiter.post(f"/api/v1/leases/{lease}/release", {})[0] == 200
-    assert gateway.get("/slots", key_of(caller))[0] == 200
+    answers = [gateway.get("/slots", {**key_of(caller), "X-Limiter-Slot": "1"}) for _ in range(3)]
+    assert [status for status, _, _ in answers] == [200] * 3
+    assert [json.loads(body).get("x-limiter-lease", "") for _, _, body in answers] == [""] * 3
+    assert team_remaining(limiter, caller.team) == 1  # the slot is free
 
 
 def test_without_a_slot_the_upstream_gets_an_empty_lease_not_the_clients(gateway):
