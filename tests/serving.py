@@ -41,12 +41,18 @@ class Service:
         extra_env: dict | None = None,
         scope: str = "decide",
         root: Path = ROOT,
+        worker_class: str | None = None,
+        app: str = "limiter_admin.wsgi",
     ) -> None:
-        """`root`: the checkout to serve (bench/ compares this one with another)."""
+        """`root`: the checkout to serve (bench/ compares this one with another).
+        `worker_class`: gunicorn's `-k` (None: what limiter_admin/gunicorn_conf.py says, else
+        gunicorn's default); `app`: the application gunicorn loads (an ASGI worker class needs
+        `limiter_admin.asgi:application`)."""
         self.root = Path(root)
         self.directory = tempfile.TemporaryDirectory(prefix="limiter-e2e-")
         self.port = free_port()
         self.workers, self.threads = workers, threads
+        self.worker_class, self.app = worker_class, app
         self.env = {
             **os.environ,
             "DATABASE_URL": f"sqlite:///{self.directory.name}/db.sqlite3",
@@ -89,7 +95,15 @@ class Service:
         """A second gunicorn on this one's database, Redis and token (another pool of workers,
         as docs/OPERATIONS.md runs the gateways' apart from the console's), started. Stop it
         before this one, which owns the database."""
-        other = Service(self.policy, workers=workers, threads=threads, scope=self.scope, root=self.root)
+        other = Service(
+            self.policy,
+            workers=workers,
+            threads=threads,
+            scope=self.scope,
+            root=self.root,
+            worker_class=self.worker_class,
+            app=self.app,
+        )
         other.directory.cleanup()
         other.directory = self.directory
         other.env = {**self.env, **(extra_env or {})}
@@ -97,24 +111,33 @@ class Service:
         other._log_name = f"gunicorn-{other.port}.log"
         return other.serve()
 
+    def command(self) -> list[str]:
+        """The gunicorn command line that `serve` runs."""
+        # gunicorn turns `sync` with more than one thread into gthread, even when asked for by
+        # name (its Config.worker_class): a sync worker is asked for with one thread.
+        threads = 1 if self.worker_class == "sync" else self.threads
+        kind = ["-k", self.worker_class] if self.worker_class else []
+        return [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            self.app,
+            "-c",
+            "python:limiter_admin.gunicorn_conf",
+            "-b",
+            f"127.0.0.1:{self.port}",
+            "-w",
+            str(self.workers),
+            "--threads",
+            str(threads),
+            *kind,
+        ]
+
     def serve(self) -> Service:
         """gunicorn on this database, until stopped."""
         self.log = open(Path(self.directory.name) / self._log_name, "w")
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "limiter_admin.wsgi",
-                "-c",
-                "python:limiter_admin.gunicorn_conf",
-                "-b",
-                f"127.0.0.1:{self.port}",
-                "-w",
-                str(self.workers),
-                "--threads",
-                str(self.threads),
-            ],
+            self.command(),
             cwd=self.root,
             env=self.env,
             stdout=self.log,
