@@ -11,7 +11,7 @@ redis-server), for endpoints served by one gunicorn, side by side:
 - batch: `POST /api/v1/decisions/batch` with --batch-size decisions per request.
 
 Run: .venv/bin/python bench/http.py [--duration S] [--connections N] [--workers W]
-     [--threads T] [--batch-size B] [--rounds R] [--endpoints healthz,decision,...]
+     [--threads T[,T2...]] [--batch-size B] [--rounds R] [--endpoints healthz,decision,...]
      [--against CHECKOUT ...] [--worker-class sync,gthread,uvicorn] [--no-keepalive]
      [--rate 500,1000,2000 [--open-rounds R]] [--profile auto|always|never]
 
@@ -474,15 +474,18 @@ WORKER_CLASSES = {
     "asgi": ("gunicorn.workers.gasgi.ASGIWorker", "limiter_admin.asgi:application"),
 }
 AS_CONFIGURED = "as configured"  # no -k: what limiter_admin/gunicorn_conf.py says
+THREADED = ("gthread", AS_CONFIGURED)  # the classes whose --threads matter
 PATIENT = 10.0  # seconds: the bench's own Redis calls (INFO) wait out a busy machine
 
 
 class Contender(NamedTuple):
     """One gunicorn under the same load: ours, or another checkout's (--against), in a worker
-    class; `endpoints`: those it answers; `settings`: its DJANGO_SETTINGS_MODULE."""
+    class with a number of threads; `endpoints`: those it answers; `settings`: its
+    DJANGO_SETTINGS_MODULE."""
 
     label: str
     kind: str
+    threads: int
     service: object
     endpoints: list[str]
     servers: dict[str, list[int]]
@@ -495,8 +498,9 @@ def settings_of(root: str) -> str:
     return "bench.settings" if os.path.exists(os.path.join(root, "bench", "settings.py")) else "limiter_admin.settings"
 
 
-def serve(args, url: str, root: str = ROOT, worker_class: str = AS_CONFIGURED):
-    """A Service of `root` (this checkout by default) on `url`, with the bench's policy."""
+def serve(args, url: str, root: str = ROOT, worker_class: str = AS_CONFIGURED, threads: int | None = None):
+    """A Service of `root` (this checkout by default) on `url`, with the bench's policy;
+    `threads`: gunicorn's --threads (None: args.threads)."""
     from tests.serving import Service
 
     kind, app = WORKER_CLASSES.get(worker_class, (None, "limiter_admin.wsgi"))
@@ -504,7 +508,7 @@ def serve(args, url: str, root: str = ROOT, worker_class: str = AS_CONFIGURED):
         POLICY,
         redis_url=url,
         workers=args.workers,
-        threads=args.threads,
+        threads=args.threads if threads is None else threads,
         extra_env={"DJANGO_SETTINGS_MODULE": settings_of(root)},
         root=root,
         worker_class=kind,
@@ -523,19 +527,33 @@ def answering(service, endpoints: list[str], batch_size: int) -> dict[str, str]:
     return found
 
 
+def variants(args) -> list[tuple[str, int, str]]:
+    """(worker class, threads, label suffix) of each --worker-class and --threads asked for;
+    the number of threads varies only for the classes that use threads."""
+    found = []
+    for kind in args.worker_class:
+        for threads in args.threads if kind in THREADED else [1]:  # sync: one; ASGI: unused
+            suffix = kind if len(args.worker_class) > 1 else ""
+            if len(args.threads) > 1 and kind in THREADED:
+                suffix = f"{suffix} x{threads}".strip()
+            found.append((kind, threads, suffix))
+    return found
+
+
 def contenders(args, url: str, stack: contextlib.ExitStack) -> list[Contender]:
-    """Every checkout (ours first, then each --against) in every --worker-class, started, each
-    on a database of the one redis-server of its own (their keys and statistics apart)."""
+    """Every checkout (ours first, then each --against) in every --worker-class (and number of
+    --threads), started, each on a database of the one redis-server of its own (their keys and
+    statistics apart)."""
     from core.stores.redis import connect
 
     found: list[Contender] = []
     redis_pid = int(connect(url, PATIENT).info("server")["process_id"])
     checkouts = [("ours", ROOT), *((os.path.basename(os.path.abspath(c)), os.path.abspath(c)) for c in args.against)]
     for name, root in checkouts:
-        for kind in args.worker_class:
-            label = name if len(args.worker_class) == 1 else f"{name} {kind}"
+        for kind, threads, suffix in variants(args):
+            label = f"{name} {suffix}".strip()
             database = f"{url.rsplit('/', 1)[0]}/{len(found)}"
-            service = stack.enter_context(serve(args, database, root, kind))
+            service = stack.enter_context(serve(args, database, root, kind, threads))
             wrong = answering(service, args.endpoints, args.batch_size)
             if root == ROOT and any(wrong.values()):
                 raise SystemExit(f"{label}: {wrong}\n{service.read_log()}")
@@ -548,7 +566,7 @@ def contenders(args, url: str, stack: contextlib.ExitStack) -> list[Contender]:
             pids = [service.process.pid, *service.worker_pids()]
             endpoints = [e for e in args.endpoints if not wrong[e]]
             servers = {"gunicorn": pids, "redis-server": [redis_pid]}
-            found.append(Contender(label, kind, service, endpoints, servers, settings))
+            found.append(Contender(label, kind, threads, service, endpoints, servers, settings))
     return found
 
 
@@ -638,12 +656,16 @@ def server_us(found: dict) -> float:
 def report(rounds: list[dict], args, contender: Contender | None = None) -> dict:
     """The median round of each endpoint, and the ratios against the targets."""
     endpoints = contender.endpoints if contender else args.endpoints
-    label, kind = (contender.label, contender.kind) if contender else ("ours", args.worker_class[0])
+    label, kind, threads = (
+        (contender.label, contender.kind, contender.threads)
+        if contender
+        else ("ours", args.worker_class[0], args.threads[0])
+    )
     print(
         f"\n{label}: median of {len(rounds)} interleaved rounds; {args.connections} "
         f"{'new connections a request' if args.no_keepalive else 'keep-alive connections'} from "
         f"{min(args.client_processes, args.connections)} load processes; gunicorn -w {args.workers} "
-        f"--threads {args.threads}, worker class {kind}; batch {args.batch_size}; {args.duration:g} s per run after "
+        f"--threads {threads}, worker class {kind}; batch {args.batch_size}; {args.duration:g} s per run after "
         f"{args.warmup:g} s warm-up; Python {sys.version.split()[0]}, {os.cpu_count()} cores"
     )
     print(
@@ -1209,7 +1231,9 @@ def parse_args():
     parser.add_argument("--connections", type=int, default=16, help="connections (load threads) in all")
     parser.add_argument("--client-processes", type=int, default=2, help="load processes sharing them")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn -w")
-    parser.add_argument("--threads", type=int, default=8, help="gunicorn --threads (gthread)")
+    parser.add_argument(
+        "--threads", default="8", help="gunicorn --threads (gthread); comma-separated, each a contender"
+    )
     parser.add_argument("--batch-size", type=int, default=100, help="decisions per batch request")
     parser.add_argument("--rounds", type=int, default=3, help="closed-loop rounds (0: none); the median counts")
     parser.add_argument(
@@ -1259,6 +1283,7 @@ def parse_args():
     unknown = set(args.worker_class) - set(WORKER_CLASSES) - {AS_CONFIGURED}
     if unknown:
         parser.error(f"unknown worker classes {sorted(unknown)} (known: {', '.join(WORKER_CLASSES)})")
+    args.threads = [int(t) for t in args.threads.split(",") if t.strip()]
     args.rate = [float(r) for r in args.rate.split(",") if r.strip()]
     args.open_rounds = args.rounds if args.open_rounds is None else args.open_rounds
     if not args.rounds and not args.rate and args.profile != "always":
