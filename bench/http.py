@@ -273,9 +273,9 @@ def drive(
             since = start + (pace.first + i * pace.every) / pace.rate
             if since >= t1:
                 break
-            if (ahead := since - monotonic()) > 0:
-                sleep(ahead)
-            elif -ahead > CATCH_UP + t1 - since:
+            if (now := monotonic()) < since:
+                sleep(since - now)
+            elif now > t1 + CATCH_UP:  # too far behind: the rest counts as never sent
                 late += since >= t0
                 i += 1
                 continue
