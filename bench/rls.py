@@ -1,6 +1,7 @@
 """Envoy's rate limit service (gRPC) under load, against its peers in the same run:
 
-1. gRPC `ShouldRateLimit` decisions/s against `POST /api/v1/decisions` requests/s: the same
+1. gRPC `ShouldRateLimit` decisions/s against `POST /api/v1/decisions` requests/s (and both
+   against the same app's `GET /healthz`, run in each round too): the same
    gunicorn serves both (RLS_BIND: the gRPC service runs in its workers, as under `make run`),
    on its own redis-server, with the workload of bench/http.py (1,000 users in 50 teams, a
    3-level decision: one descriptor `{user, team, global}` for gRPC). Closed loop, the same
@@ -35,7 +36,17 @@ import time  # noqa: E402
 from array import array  # noqa: E402
 from functools import partial  # noqa: E402
 
-from bench.http import POLICY, USERS, Connection, bodies, http_request, keys_of, load, usage  # noqa: E402
+from bench.http import (  # noqa: E402
+    POLICY,
+    USERS,
+    Connection,
+    bodies,
+    http_request,
+    keys_of,
+    load,
+    requests_for,
+    usage,
+)
 
 TARGETS = {"grpc_ratio": 1.0, "added_p99_ms": 5.0}
 METHOD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
@@ -290,21 +301,25 @@ def bench(args) -> None:
     ):
         port, token = service.port, service.token
         rest = [http_request("/api/v1/decisions", body, port, token) for body in bodies("decision", 1)]
+        healthz = requests_for("healthz", port, token, 1)
         servers = {"gunicorn": [service.process.pid, *service.worker_pids()], "redis-server": []}
         print(f"gRPC vs REST: {args.workers} gunicorn workers x {args.threads} threads, {args.connections} connections")
         rounds = []
         for number in range(1, args.rounds + 1 if "grpc" in args.parts else 1):
             found = {
+                "healthz": load(port, healthz, 0, args, servers),
                 "rest": load(port, rest, 1, args, servers),
                 "grpc": grpc_load(rls_port, token, args, servers["gunicorn"]),
             }
             found["ratio"] = found["grpc"]["requests_s"] / found["rest"]["requests_s"]
+            found["of_healthz"] = found["grpc"]["requests_s"] / found["healthz"]["requests_s"]
             print(
                 f"{number:>5} REST {found['rest']['requests_s']:7,.0f}/s (p99 {found['rest']['p99_ms']:.2f} ms, "
                 f"{found['rest']['errors']} errors, {found['rest']['allowed']:.0%} allowed) | gRPC "
                 f"{found['grpc']['requests_s']:7,.0f}/s (p99 {found['grpc']['p99_ms']:.2f} ms, "
                 f"{found['grpc']['errors']} errors, {found['grpc']['allowed']:.0%} allowed) | "
-                f"ratio {found['ratio']:.2f} | gunicorn CPU us per decision: REST "
+                f"ratio {found['ratio']:.2f} | /healthz {found['healthz']['requests_s']:7,.0f}/s, gRPC of it "
+                f"{found['of_healthz']:.2f} | gunicorn CPU us per decision: REST "
                 f"{found['rest']['cpu_us']['gunicorn']:,.0f}, gRPC {found['grpc']['server_cpu_us']:,.0f}; "
                 f"load generator: REST {found['rest']['cpu_us']['load generator']:,.0f}, gRPC "
                 f"{found['grpc']['client_cpu_us']:,.0f} | load average {os.getloadavg()[0]:.1f}",
@@ -324,6 +339,13 @@ def report_grpc(rounds: list[dict]) -> None:
     rest = statistics.median(r["rest"]["cpu_us"]["gunicorn"] for r in rounds)
     grpc_cpu = statistics.median(r["grpc"]["server_cpu_us"] for r in rounds)
     print(f"gunicorn CPU per decision, median: REST {rest:,.0f} us, gRPC {grpc_cpu:,.0f} us")
+    of_healthz = statistics.median(r["of_healthz"] for r in rounds)
+    rest_of = statistics.median(r["rest"]["requests_s"] / r["healthz"]["requests_s"] for r in rounds)
+    print(
+        f"against /healthz requests/s in the same round, median: gRPC {of_healthz:.2f}x, REST /decisions "
+        f"{rest_of:.2f}x; gunicorn CPU per /healthz request "
+        f"{statistics.median(r['healthz']['cpu_us']['gunicorn'] for r in rounds):,.0f} us"
+    )
     print(
         f"gRPC decisions/s over /decisions requests/s, median of {len(rounds)} rounds: {ratio:.2f}x "
         f"(target >= {TARGETS['grpc_ratio']:.1f}x): {'met' if ratio >= TARGETS['grpc_ratio'] else 'NOT met'}"

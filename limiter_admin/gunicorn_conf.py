@@ -19,6 +19,14 @@ import tempfile
 
 from django.conf import settings
 
+# Threads that keep connections alive (gthread): gateways hold pools of connections, and a
+# decision over a kept-alive connection costs about half the server CPU of one on a new
+# connection. sync closes each connection and uvicorn (Django's ASGI handler) cost 2.4x and 3.1x
+# gthread's CPU per decision (docs/BENCHMARKS.md, "The decision path (issue 22)"). `--threads`
+# or `-k` on the command line still wins.
+worker_class = "gthread"
+threads = 8
+
 # Fail fast rather than queue: a gateway waiting on the limiter is worse than a 503.
 timeout = 30
 graceful_timeout = 10

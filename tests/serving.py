@@ -43,14 +43,20 @@ class Service:
         scope: str = "decide",
         root: Path = ROOT,
         server: str = "gunicorn",
+        worker_class: str | None = None,
+        app: str = "limiter_admin.wsgi",
     ) -> None:
         """`root`: the checkout to serve (bench/ compares this one with another). `server`:
-        "gunicorn" (WSGI, `threads` per worker) or "uvicorn" (ASGI, one event loop a worker)."""
+        "gunicorn" (WSGI, `threads` per worker) or "uvicorn" (ASGI, one event loop a worker).
+        `worker_class`: gunicorn's `-k` (None: what limiter_admin/gunicorn_conf.py says, else
+        gunicorn's default); `app`: the application gunicorn loads (an ASGI worker class needs
+        `limiter_admin.asgi:application`)."""
         self.server = server
         self.root = Path(root)
         self.directory = tempfile.TemporaryDirectory(prefix="limiter-e2e-")
         self.port = free_port()
         self.workers, self.threads = workers, threads
+        self.worker_class, self.app = worker_class, app
         self.env = {
             **os.environ,
             "DATABASE_URL": f"sqlite:///{self.directory.name}/db.sqlite3",
@@ -94,7 +100,14 @@ class Service:
         as docs/OPERATIONS.md runs the gateways' apart from the console's), started. Stop it
         before this one, which owns the database."""
         other = Service(
-            self.policy, workers=workers, threads=threads, scope=self.scope, root=self.root, server=self.server
+            self.policy,
+            workers=workers,
+            threads=threads,
+            scope=self.scope,
+            root=self.root,
+            server=self.server,
+            worker_class=self.worker_class,
+            app=self.app,
         )
         other.directory.cleanup()
         other.directory = self.directory
@@ -103,21 +116,8 @@ class Service:
         other._log_name = f"gunicorn-{other.port}.log"
         return other.serve()
 
-    def serve(self) -> Service:
-        """gunicorn on this database, until stopped."""
-        self.log = open(Path(self.directory.name) / self._log_name, "w")
-        self.process = subprocess.Popen(
-            self.command(),
-            cwd=self.root,
-            env=self.env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self._wait_until_ready()
-        return self
-
     def command(self) -> list[str]:
+        """The command line that `serve` runs: uvicorn's, or gunicorn's."""
         if self.server == "uvicorn":
             return [
                 sys.executable,
@@ -132,11 +132,15 @@ class Service:
                 str(self.workers),
                 "--no-access-log",
             ]
+        # gunicorn turns `sync` with more than one thread into gthread, even when asked for by
+        # name (its Config.worker_class): a sync worker is asked for with one thread.
+        threads = 1 if self.worker_class == "sync" else self.threads
+        kind = ["-k", self.worker_class] if self.worker_class else []
         return [
             sys.executable,
             "-m",
             "gunicorn",
-            "limiter_admin.wsgi",
+            self.app,
             "-c",
             "python:limiter_admin.gunicorn_conf",
             "-b",
@@ -144,8 +148,23 @@ class Service:
             "-w",
             str(self.workers),
             "--threads",
-            str(self.threads),
+            str(threads),
+            *kind,
         ]
+
+    def serve(self) -> Service:
+        """gunicorn on this database, until stopped."""
+        self.log = open(Path(self.directory.name) / self._log_name, "w")
+        self.process = subprocess.Popen(
+            self.command(),
+            cwd=self.root,
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._wait_until_ready()
+        return self
 
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT

@@ -1,0 +1,45 @@
+"""End to end: a gateway keeps one connection open for its decisions (keep-alive), through
+real gunicorn served as `make run` serves it (limiter_admin/gunicorn_conf.py, 4 workers of 8
+threads on a real Redis)."""
+
+import http.client
+import json
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+POLICY = {
+    "default_tier": "t",
+    "levels": [{"name": "user"}, {"name": "team"}],
+    "tiers": {"t": {"team": [{"type": "token_bucket", "capacity": 1000, "per_second": 100}]}},
+}
+DECISIONS = 200
+
+
+def test_200_decisions_are_answered_on_one_connection_that_the_server_never_closes(redis_url):
+    from tests.serving import Service
+
+    # A patient store, as tests/api/test_gunicorn.py: a slow reply on a busy host is not
+    # what this counts.
+    with Service(POLICY, redis_url=redis_url, workers=4, extra_env={"LIMITER_STORE_TIMEOUT": "1.0"}) as service:
+        headers = {"Authorization": f"Bearer {service.token}", "Content-Type": "application/json"}
+        connection = http.client.HTTPConnection("127.0.0.1", service.port, timeout=10)
+        connection.connect()
+        sock, ours = connection.sock, connection.sock.getsockname()
+        answers = []
+        try:
+            for i in range(DECISIONS):
+                body = json.dumps({"keys": {"user": f"u{i}", "team": "acme"}})
+                connection.request("POST", "/api/v1/decisions", body, headers)
+                response = connection.getresponse()
+                answers.append((response.status, response.getheader("Connection"), json.loads(response.read())))
+                # http.client drops a socket the server said it would close, and opens a new
+                # one for the next request: the same socket throughout means none was closed.
+                assert connection.sock is sock, f"the server closed the connection after decision {i + 1}"
+            assert connection.sock.getsockname() == ours
+        finally:
+            connection.close()
+    assert [status for status, _, _ in answers] == [200] * DECISIONS
+    assert {field for _, field, _ in answers} <= {None, "keep-alive"}  # never "close"
+    assert all(body["allowed"] and not body["degraded"] for _, _, body in answers)
