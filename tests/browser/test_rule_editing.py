@@ -17,8 +17,12 @@ pytestmark = pytest.mark.browser
 def new_rule_row(page):
     """Add a rule row to the page's rules table, and return it."""
     rows = page.locator("tr.form-row.dynamic-rules")
+    add = page.locator("tr.add-row a")
+    # The admin's inlines.js marks the rows and adds this link once the page has loaded: count
+    # the rows only then (on a busy machine the count came before it, 0 rows, then 4).
+    expect(add).to_be_visible()
     before = rows.count()
-    page.locator("tr.add-row a").click()
+    add.click()
     expect(rows).to_have_count(before + 1)
     return rows.nth(before)
 
