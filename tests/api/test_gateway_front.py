@@ -222,6 +222,7 @@ def test_request_finished_closes_a_connection_past_its_age_and_spares_a_young_on
         connection.close_at = 0  # past its age: the signal, whose receiver closes it
         assert send(front, call())[0] == "200 OK"
         assert finished == [GatewayFront]
+        connection.ensure_connection()  # PostgreSQL's was closed by the signal's receiver
         connection.close_at, connection.errors_occurred = None, True  # an error: the same
         assert send(front, call())[0] == "200 OK"
         assert finished == [GatewayFront, GatewayFront]
