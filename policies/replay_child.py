@@ -75,13 +75,23 @@ def write_frame(out: BinaryIO, message: Any) -> None:
     out.flush()
 
 
-def read_frame(source: BinaryIO) -> Any:
-    """One frame, or None at the end of the stream."""
-    head = source.read(4)
-    if len(head) < 4:
-        return None
-    (length,) = struct.unpack(">I", head)
-    return pickle.loads(source.read(length))
+class FrameReader:
+    """The frames of a stream read as its bytes arrive (the parent reads its child's pipe
+    without blocking): `feed` takes what arrived and gives back the frames it completed."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[Any]:
+        self.buffer += data
+        frames = []
+        while len(self.buffer) >= 4:
+            (length,) = struct.unpack_from(">I", self.buffer)
+            if len(self.buffer) < 4 + length:
+                break
+            frames.append(pickle.loads(bytes(self.buffer[4 : 4 + length])))
+            del self.buffer[: 4 + length]
+        return frames
 
 
 def main() -> None:

@@ -17,20 +17,20 @@ from __future__ import annotations
 
 import os
 import pickle
-import queue
+import selectors
 import subprocess
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from core import StoreUnavailable
 
-from ..replay_child import read_frame
+from ..replay_child import FrameReader
 from .errors import Busy, ServiceError
 
 # Where `python -m policies...` finds the project.
@@ -116,25 +116,12 @@ def in_child(module: str, job: Any, seconds: float, progress: Callable[[int, int
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )
-    frames: queue.SimpleQueue = queue.SimpleQueue()
-    reader = threading.Thread(target=_read_frames, args=(child.stdout, frames), name=f"{module}-reader", daemon=True)
-    reader.start()
     deadline = time.monotonic() + seconds
+    assert child.stdin is not None and child.stdout is not None
     try:
-        assert child.stdin is not None
         with child.stdin:
             pickle.dump(job, child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                if left <= 0:
-                    raise queue.Empty
-                frame = frames.get(timeout=left)
-            except queue.Empty:
-                raise TimedOut(f"the job took longer than the {seconds:g} s it may take, and was stopped") from None
-            if frame is None:  # the end of its output, and no answer in it
-                raise ChildFailed(f"the job's process ended without an answer (exit {child.wait(5)})")
-            kind, *rest = frame
+        for kind, *rest in _frames(child.stdout, deadline, seconds):
             if kind == "progress":
                 if progress is not None:
                     progress(*rest)
@@ -144,23 +131,29 @@ def in_child(module: str, job: Any, seconds: float, progress: Callable[[int, int
                 raise StoreUnavailable(rest[0])
             else:
                 raise ChildFailed(f"the job failed: {rest[0]}")
+        raise ChildFailed(f"the job's process ended without an answer (exit {child.wait(5)})")
     except BrokenPipeError:
         raise ChildFailed("the job's process ended before it read its job") from None
     finally:
         if child.poll() is None:
             child.kill()
         child.wait()
-        reader.join(5)
 
 
-def _read_frames(source: Any, frames: queue.SimpleQueue) -> None:
-    """The reader thread: every frame the child writes, then None at its end."""
-    try:
-        while (frame := read_frame(source)) is not None:
-            frames.put(frame)
-    except Exception:  # a child killed mid-frame: the end of its answer
-        pass
-    frames.put(None)
+def _frames(source: Any, deadline: float, seconds: float) -> Iterator[Any]:
+    """The frames the child writes, read in this thread as they arrive (no reader thread),
+    until its output ends; TimedOut past `deadline`."""
+    reader = FrameReader()
+    with selectors.DefaultSelector() as selector:
+        selector.register(source, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not selector.select(left):
+                raise TimedOut(f"the job took longer than the {seconds:g} s it may take, and was stopped")
+            data = os.read(source.fileno(), 65536)
+            if not data:  # the end of its output (a child killed mid-frame leaves a part unread)
+                return
+            yield from reader.feed(data)
 
 
 def _after_fork_in_child() -> None:
