@@ -226,6 +226,9 @@ def build_rule(spec: Any, path: str) -> Rule:
     if label is not None and not label.isascii() and not _is_text(label):
         # A JSON "\ud800" escape: a denial's reason must be writable as UTF-8.
         raise ConfigError("must not hold surrogate characters (U+D800 to U+DFFF)", f"{path}.label")
+    if label is not None and "\x00" in label:
+        # PostgreSQL's text refuses it, and no header or log line can carry it.
+        raise ConfigError("must not hold a NUL character", f"{path}.label")
     shadow = spec.get("shadow", False)
     if not isinstance(shadow, bool):
         raise ConfigError("must be true or false", f"{path}.shadow")

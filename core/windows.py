@@ -11,9 +11,12 @@ from .params import Param, format_number
 from .rules import EPSILON, Rule, register
 from .twins import LUA_DIR, RedisTwin
 
+MIN_WINDOW = 0.001
 WINDOW_PARAMS = (
     Param("limit", help="Most cost admitted per window.", minimum=0, exclusive_minimum=True),
-    Param("window", help="Length of the window in seconds.", minimum=0, exclusive_minimum=True, maximum=366 * 86400),
+    # At least a millisecond: a window's index is now / window, and a shorter window's index
+    # passes 2**53 (no longer exact as a float) or, for a denormal window, infinity.
+    Param("window", help="Length of the window in seconds.", minimum=MIN_WINDOW, maximum=366 * 86400),
 )
 
 

@@ -540,6 +540,8 @@ PAST_A_FLOAT = 10**400  # an integer JSON can carry and no float can hold
         ("POST", "/api/v1/priorities", {"name": "bulk", "watermark": -PAST_A_FLOAT}),
         ("POST", "/api/v1/decisions", {"keys": {"user": "\ud800"}}),
         ("POST", "/api/v1/tiers", {"name": "gold", "rules": {"team": [{**RULE, "label": "a\udfff"}]}}),
+        # PostgreSQL's text refuses a NUL: it was a 503 there, not a 400.
+        ("POST", "/api/v1/tiers", {"name": "gold", "rules": {"team": [{**RULE, "label": "RPM\u0000"}]}}),
         ("POST", "/api/v1/tenants", {"key": 7, "tier": "pro"}),
         ("POST", "/api/v1/levels", {"name": "region", "position": "3"}),
         ("POST", "/api/v1/priorities", {"name": "bulk", "watermark": "0.5"}),
@@ -552,10 +554,10 @@ def test_numbers_past_a_float_surrogates_and_numbers_for_strings_are_400s(api_cl
 
 
 def test_a_policy_file_with_a_label_longer_than_its_column_or_a_surrogate_is_refused(loaded_store, tmp_path):
-    for label in ("x" * 65, "\ud800"):
+    for label in ("x" * 65, "\ud800", "a\u0000"):
         doc = copy.deepcopy(POLICY)
         doc["tiers"]["free"]["team"][0]["label"] = label
         path = tmp_path / "policy.json"
         path.write_text(json.dumps(doc))
-        with pytest.raises(CommandError, match="label|surrogate"):
+        with pytest.raises(CommandError, match="label|surrogate|NUL"):
             call_command("loadpolicies", str(path), stdout=io.StringIO())

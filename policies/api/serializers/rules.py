@@ -151,7 +151,7 @@ def rule_type_schema(name: str) -> dict:
             "label": {
                 "type": "string",
                 "nullable": True,
-                "pattern": NOT_BLANK,
+                "pattern": LABEL_PATTERN,
                 "maxLength": Rule._meta.get_field("label").max_length,
                 "description": "The reason code a denial reports, e.g. RPM_LIMIT; null for none.",
             },
@@ -176,9 +176,11 @@ def _param_schema(param) -> dict:
     return schema
 
 
-# Some character that Python's str.strip() keeps: the engine refuses a blank label. Spelled
-# out, since a pattern's \s is not Python's (no \x1c-\x1f or \x85, but \ufeff).
-NOT_BLANK = r"[^\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+# A label holds no NUL (core.rules refuses it) and some character that Python's str.strip()
+# keeps (the engine refuses a blank label). The blanks are spelled out, since a pattern's \s is
+# not Python's (no \x1c-\x1f or \x85, but \ufeff).
+BLANKS = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+LABEL_PATTERN = rf"^[^\x00]*[^\x00{BLANKS}][^\x00]*$"
 
 
 def _openapi_30(schema: dict) -> dict:
