@@ -31,12 +31,24 @@ K = TypeVar("K", bound=Key)
 
 class Counts:
     """Decisions, denials, shadow denials and decisions let go over a soft quota, by
-    blocked_by, by shadow rule and by soft quota."""
+    blocked_by, by shadow rule and by soft quota; and how many of the decisions (and of the
+    denials) a Django app made in its own views (`embedded`, policies.embedding)."""
 
-    __slots__ = ("decisions", "denied", "shadow", "over_quota", "blocked", "shadow_by", "over_quota_by")
+    __slots__ = (
+        "decisions",
+        "denied",
+        "shadow",
+        "over_quota",
+        "embedded",
+        "embedded_denied",
+        "blocked",
+        "shadow_by",
+        "over_quota_by",
+    )
 
     def __init__(self) -> None:
         self.decisions = self.denied = self.shadow = self.over_quota = 0
+        self.embedded = self.embedded_denied = 0
         self.blocked: dict[str, int] = {}
         self.shadow_by: dict[str, int] = {}
         self.over_quota_by: dict[str, int] = {}
@@ -47,6 +59,8 @@ class Counts:
         self.denied += other.denied
         self.shadow += other.shadow
         self.over_quota += other.over_quota
+        self.embedded += other.embedded
+        self.embedded_denied += other.embedded_denied
         add_into(self.blocked, other.blocked)
         add_into(self.shadow_by, other.shadow_by)
         add_into(self.over_quota_by, other.over_quota_by)
@@ -135,11 +149,18 @@ class Tally:
         self.untracked_tenants = 0  # decisions of tenants past MAX_TENANTS in a minute
         self._level_of: dict[str, str] = {}  # blocked_by -> its level, worked out once
 
-    def count(self, counts: MinuteCounts, keys: Mapping[str, str], decision: Decision, cost: float) -> None:
+    def count(
+        self, counts: MinuteCounts, keys: Mapping[str, str], decision: Decision, cost: float, embedded: bool = False
+    ) -> None:
         """Count one decision: for its tenant and user, for a denial its blocked_by and the
         key at the blocking level, and its shadow rules and soft quotas gone over; `cost`
-        counts as taken when it was allowed."""
+        counts as taken when it was allowed. `embedded`: a Django app decided it in its own
+        view (counted in the minute's totals, apart)."""
         counts.decisions += 1
+        if embedded:
+            counts.embedded += 1
+            if not decision.allowed:
+                counts.embedded_denied += 1
         team = keys.get(self.tenant_level)
         tenant: TenantCounts | None = None
         if team is not None:

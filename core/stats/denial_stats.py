@@ -111,17 +111,18 @@ class DenialStats(Flushable):
 
     # --- recording (on the decision's path: in process, a few dict updates) -------------------
 
-    def record(self, keys: Mapping[str, str], decision: Decision, cost: float = 1) -> None:
+    def record(self, keys: Mapping[str, str], decision: Decision, cost: float = 1, embedded: bool = False) -> None:
         """Count one decision: for its tenant and user, and for a denial its blocked_by and
-        the key at the blocking level; `cost` counts as taken when it was allowed.
-        In process and thread-safe; never raises, never does I/O."""
+        the key at the blocking level; `cost` counts as taken when it was allowed; `embedded`
+        when a Django app made it in its own view. In process and thread-safe; never raises,
+        never does I/O."""
         lock = self._lock
         try:
             now = self.clock()
             lock.acquire()  # not `with`: half the cost, and this runs on every decision
             try:
                 counts = self._current if self._since <= now < self._until else self._counts_at(now)
-                self._tally.count(counts, keys, decision, cost)
+                self._tally.count(counts, keys, decision, cost, embedded)
             finally:
                 lock.release()
         except Exception:  # statistics must never break the decision they describe

@@ -5,7 +5,9 @@ window can read it:
 
     P:m:<minute>            hash   decisions, denied, shadow (decisions a shadow rule would
                                    have denied), over_quota (decisions let go past a soft
-                                   quota), by:<blocked_by>, sh:<shadow rule>, oq:<soft quota>
+                                   quota), by:<blocked_by>, sh:<shadow rule>, oq:<soft quota>,
+                                   embedded and embedded_denied (decided in a Django app's
+                                   own views, policies.embedding)
     P:k:<minute>:<level>    zset   the most denied keys of a level (users as [user, team])
     P:h:<hour>:<level>      zset   the same, per hour (a 24 h report reads 24, not 1,440)
     P:t:<minute>, P:ht:<hour> zset the most denied tenants, denials at any level
@@ -45,6 +47,7 @@ TTL_SLACK = 60
 SEEN_USERS = 10_000
 DECISIONS, DENIED, SHADOW, BY, SHADOW_BY = "decisions", "denied", "shadow", "by:", "sh:"
 OVER_QUOTA, OVER_QUOTA_BY = "over_quota", "oq:"
+EMBEDDED, EMBEDDED_DENIED = "embedded", "embedded_denied"
 # A tenant series' fields: decisions, denied, shadow-denied, over a soft quota, cost.
 SERIES_FIELDS = {"d": "decisions", "x": "denied", "s": "shadow_denied", "o": "over_quota", "c": "cost"}
 # A tenant breakdown's kinds of rule: blocked_by, shadow rules, soft quotas gone over.
@@ -167,6 +170,10 @@ def queue_totals(pipe: Any, name: str, counts: Counts, ttl: int) -> None:
         pipe.hincrby(name, OVER_QUOTA, counts.over_quota)
     for rule, n in counts.over_quota_by.items():
         pipe.hincrby(name, OVER_QUOTA_BY + rule, n)
+    if counts.embedded:
+        pipe.hincrby(name, EMBEDDED, counts.embedded)
+    if counts.embedded_denied:
+        pipe.hincrby(name, EMBEDDED_DENIED, counts.embedded_denied)
     pipe.expire(name, ttl)
 
 
@@ -182,6 +189,10 @@ def totals_from(hash_: Mapping[Any, Any]) -> Counts:
             counts.shadow = n
         elif field == OVER_QUOTA:
             counts.over_quota = n
+        elif field == EMBEDDED:
+            counts.embedded = n
+        elif field == EMBEDDED_DENIED:
+            counts.embedded_denied = n
         elif field.startswith(BY):
             counts.blocked[field[len(BY) :]] = n
         elif field.startswith(SHADOW_BY):

@@ -42,6 +42,8 @@ class SeriesPoint(TypedDict):
     denied: int
     shadow_denied: int
     over_quota: int
+    embedded: int
+    embedded_denied: int
     blocked_by: dict[str, int]
 
 
@@ -246,6 +248,8 @@ def _summary(
         "denied": sum(counts.denied for counts in totals.values()),
         "shadow_denied": sum(counts.shadow for counts in totals.values()),
         "over_quota": sum(counts.over_quota for counts in totals.values()),
+        "embedded": sum(counts.embedded for counts in totals.values()),
+        "embedded_denied": sum(counts.embedded_denied for counts in totals.values()),
         "blocked_by": _by_rule(blocked),
         "shadow_blocked_by": _by_rule(shadow),
         "over_quota_by": _by_rule(over),
@@ -279,7 +283,16 @@ def _key_row(key: str, denied: int, is_user: bool) -> dict[str, Any]:
 def _series(totals: Mapping[int, Counts], first: int, last: int, step: int) -> list[SeriesPoint]:
     """One point per `step` (aligned to multiples of it) from `first` to `last`, zeros included."""
     series: dict[int, SeriesPoint] = {
-        at: {"at": at, "decisions": 0, "denied": 0, "shadow_denied": 0, "over_quota": 0, "blocked_by": {}}
+        at: {
+            "at": at,
+            "decisions": 0,
+            "denied": 0,
+            "shadow_denied": 0,
+            "over_quota": 0,
+            "embedded": 0,
+            "embedded_denied": 0,
+            "blocked_by": {},
+        }
         for at in range(first - first % step, last + 1, step)
     }
     for minute, counts in totals.items():
@@ -288,6 +301,8 @@ def _series(totals: Mapping[int, Counts], first: int, last: int, step: int) -> l
         point["denied"] += counts.denied
         point["shadow_denied"] += counts.shadow
         point["over_quota"] += counts.over_quota
+        point["embedded"] += counts.embedded
+        point["embedded_denied"] += counts.embedded_denied
         add_into(point["blocked_by"], counts.blocked)
     return list(series.values())
 

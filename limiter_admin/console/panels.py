@@ -73,6 +73,8 @@ def throttled_context(reports: dict, window: str, policy) -> dict:
     return {
         **context,
         "totals": _totals(reports),
+        # A column for decisions made in Django apps' own views, once there are any.
+        "embedded": any(isinstance(report, dict) and report.get("embedded") for report in reports.values()),
         "rules": _rules_by_window(reports),
         "shadow_rules": _rules_by_window(reports, "shadow_blocked_by"),
         "chart": blocked_chart(report, WINDOWS[window][1]),
@@ -92,6 +94,8 @@ def _totals(reports: dict) -> list[dict]:
             "decisions": report["decisions"],
             "denied": report["denied"],
             "share": percent(report["denied"], report["decisions"]),
+            "embedded": report["embedded"],
+            "embedded_denied": report["embedded_denied"],
         }
         for name, report in reports.items()
     ]

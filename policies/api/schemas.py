@@ -206,6 +206,10 @@ class BlockedPoint(serializers.Serializer):
     denied = serializers.IntegerField()
     shadow_denied = serializers.IntegerField()
     over_quota = serializers.IntegerField(help_text="Decisions let go past (or further past) a soft quota.")
+    embedded = serializers.IntegerField(
+        help_text="Of the decisions, those a Django app made in its own views (policies.embedding)."
+    )
+    embedded_denied = serializers.IntegerField(help_text="Of the denials, those a Django app made in its own views.")
     blocked_by = serializers.DictField(child=serializers.IntegerField())
 
 
@@ -217,6 +221,10 @@ class BlockedReport(serializers.Serializer):
     denied = serializers.IntegerField()
     shadow_denied = serializers.IntegerField(help_text="Decisions that a shadow rule would have denied.")
     over_quota = serializers.IntegerField(help_text="Decisions let go past (or further past) a soft quota.")
+    embedded = serializers.IntegerField(
+        help_text="Of the decisions, those a Django app made in its own views (policies.embedding)."
+    )
+    embedded_denied = serializers.IntegerField(help_text="Of the denials, those a Django app made in its own views.")
     blocked_by = RuleCount(many=True)
     shadow_blocked_by = RuleCount(many=True, help_text="Would-be denials of each shadow rule.")
     over_quota_by = RuleCount(

@@ -57,7 +57,7 @@ def record_embedded(
     middleware or throttle), marked as embedded in the metrics and the record. Only a
     decision under the console's policies is `replayable`: an inline limit's (`rate="10/s"`)
     is counted, but no draft policy could replay it."""
-    _count(keys, decision, cost)
+    _count(keys, decision, cost, embedded=True)
     counter = _EMBEDDED.get((face, decision.allowed))
     if counter is None:
         counter = _EMBEDDED[face, decision.allowed] = EMBEDDED_DECISIONS.labels(
@@ -92,7 +92,7 @@ def record_release(keys: Mapping[str, str], lease: str) -> None:
         recorder.release(keys, lease)
 
 
-def _count(keys: Mapping[str, str], decision: Decision, cost: float) -> None:
+def _count(keys: Mapping[str, str], decision: Decision, cost: float, embedded: bool = False) -> None:
     if decision.allowed:
         (_DEGRADED_ALLOWED if decision.degraded else _ALLOWED).inc()
     else:
@@ -105,7 +105,7 @@ def _count(keys: Mapping[str, str], decision: Decision, cost: float) -> None:
     if decision.over_quota:
         for name in decision.over_quota:
             OVER_QUOTA.labels(*_level_and_rule(name)).inc()
-    denial_stats().record(keys, decision, cost)
+    denial_stats().record(keys, decision, cost, embedded)
 
 
 def record_many(decided: Iterable[tuple[Mapping[str, str], Decision, float, str | None]]) -> None:

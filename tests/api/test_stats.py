@@ -56,6 +56,7 @@ def test_shadow_rules_would_be_denials_are_counted_by_rule(engine, load, policy_
         assert decide(decide_client, {"user": "u1", "team": "nobody"})["allowed"]
     body = admin_api_client.get("/api/v1/stats/blocked", {"window": "5m"}).json()
     assert body["denied"] == 0 and body["shadow_denied"] == 3
+    assert body["embedded"] == body["embedded_denied"] == 0  # decided over the API, not in an app
     assert body["shadow_blocked_by"] == [{"blocked_by": "user: fixed_window(2/60s)", "level": "user", "denied": 3}]
 
 

@@ -20,7 +20,8 @@ from core import HierarchicalLimiter, ManualClock, MemoryStore
 from core.decision import RATE_LIMITED, STORE_UNAVAILABLE, Decision, allowed
 from core.errors import ConfigError, InvalidRequest, StoreUnavailable
 from core.flusher import FLUSHER
-from core.stats import BUFFER_SLACK, KEPT_MINUTES, DenialStats
+from core.stats import BUFFER_SLACK, EMBEDDED, EMBEDDED_DENIED, KEPT_MINUTES, DenialStats
+from core.stats.layout import text
 from core.stores.redis import RedisStore, connect
 
 from .helpers import token_bucket
@@ -239,6 +240,8 @@ def test_the_series_has_one_point_per_step_zeros_included(new_stats, clock):
         "denied": 1,
         "shadow_denied": 0,
         "over_quota": 0,
+        "embedded": 0,
+        "embedded_denied": 0,
         "blocked_by": {TEAM_RULE: 1},
     }
     assert series[4] == {
@@ -247,9 +250,33 @@ def test_the_series_has_one_point_per_step_zeros_included(new_stats, clock):
         "denied": 0,
         "shadow_denied": 0,
         "over_quota": 0,
+        "embedded": 0,
+        "embedded_denied": 0,
         "blocked_by": {},
     }
     assert series[5]["blocked_by"] == {USER_RULE: 1}
+
+
+def test_decisions_a_django_app_made_are_counted_apart_as_embedded(new_stats, clock):
+    stats = new_stats()
+    stats.record(keys(), ALLOWED, embedded=True)
+    stats.record(keys(), denial(USER_RULE), embedded=True)
+    stats.record(keys(), denial(TEAM_RULE))
+    stats.record(keys(), ALLOWED)
+    clock.advance(MINUTE)
+    stats.record(keys(user="u2"), denial(USER_RULE), embedded=True)
+    stats.flush()
+    report = stats.report(5 * MINUTE)
+    assert (report["decisions"], report["denied"]) == (5, 3)
+    assert (report["embedded"], report["embedded_denied"]) == (3, 2)
+    points = [(point["embedded"], point["embedded_denied"]) for point in report["series"] if point["decisions"]]
+    assert points == [(2, 1), (1, 1)]
+    # Counted like any other decision everywhere else: the rule, the key, the tenant.
+    assert report["blocked_by"][0] == {"blocked_by": USER_RULE, "level": "user", "denied": 2}
+    assert report["top_tenants"] == [{"tenant": "acme", "denied": 3}]
+    [totals] = stats.client.pipeline().hgetall(f"la:{{stats}}:m:{minute_of(START)}").execute()
+    fields = {text(field): int(n) for field, n in totals.items()}
+    assert (fields[EMBEDDED], fields[EMBEDDED_DENIED]) == (2, 1)  # the names core.stats.layout gives
 
 
 def test_a_step_groups_the_series_on_multiples_of_the_step(new_stats, clock):

@@ -6,7 +6,9 @@ import re
 
 import pytest
 
+from core.decision import RATE_LIMITED, Decision, allowed
 from limiter_admin.console.formatting import rule_colour
+from policies.services.recording import record_embedded
 from tests.dashboard.conftest import DASHBOARD, chart_data, decide, page, text
 
 USER_RULE = "user: token_bucket(10, 1/s)"
@@ -28,6 +30,18 @@ def test_the_totals_count_decisions_and_denials_in_each_window(workload, console
     assert "5 min 15 5 33.3 %" in totals
     assert "1 h 15 5 33.3 %" in totals
     assert "24 h 15 5 33.3 %" in totals
+
+
+def test_decisions_made_in_django_apps_get_a_column_once_there_are_any(workload, console):
+    html = page(console)
+    assert "in Django apps" not in html  # none yet: the table keeps its four columns
+    for allowed_ in (True, True, False):
+        decision = allowed(1.0) if allowed_ else Decision(False, 1.0, USER_RULE, RATE_LIMITED, 0.0, False)
+        record_embedded({"user": "app-user", "team": "acme"}, decision, 1, "decorator", replayable=False)
+    html = page(console)
+    totals = text(html[html.index('id="denial-totals"') : html.index("</table>", html.index('id="denial-totals"'))])
+    assert "in Django apps (denied)" in totals
+    assert "5 min 18 6 33.3 % 3 (1)" in totals and "24 h 18 6 33.3 % 3 (1)" in totals
 
 
 def test_denials_are_listed_by_blocked_by_in_every_window(workload, console):

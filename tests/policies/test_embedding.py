@@ -381,6 +381,9 @@ def test_the_team_a_key_function_names_picks_its_tenants_rules(client, console):
     ]
     assert stats.denials(["acme", "newco"], 3600) == {"acme": (5, 1), "newco": (2, 1)}
     assert EMBEDDED_DECISIONS.labels("decorator", "denied")._value.get() == before + 2
+    # The statistics mark them as embedded, apart from the API's decisions.
+    report = stats.report(3600)
+    assert (report["decisions"], report["embedded"], report["embedded_denied"]) == (7, 7, 2)
 
 
 def test_a_console_edit_of_the_tier_reaches_the_decorated_view_within_a_second(client, console, clock, commits):
