@@ -53,8 +53,18 @@ lint: $(STAMP)
 # Exit 5 is "no test selected": PYTEST_ARGS='-k name' may pick none of these directories.
 PYTEST_POSTGRES = $(BIN)/python -m pytest --database=postgres $(POSTGRES_TESTS) $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
+# LiteLLM's proxy, for the LLM gateway tests (tests/gateways/test_litellm.py), in a virtualenv
+# of its own: litellm[proxy] pins gunicorn and rich to versions that ours cannot share.
+LITELLM_VENV := .venv-litellm
+LITELLM_STAMP := $(LITELLM_VENV)/.installed
+
+$(LITELLM_STAMP): requirements-litellm.txt
+	$(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/pip install -r requirements-litellm.txt
+	touch $@
+
 # Every test on SQLite, then the database's users again on PostgreSQL.
-test: deps $(STAMP) lint
+test: deps $(STAMP) $(LITELLM_STAMP) lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(PYTEST_POSTGRES)
 
@@ -76,5 +86,5 @@ bench: $(STAMP)
 
 # Keeps db.sqlite3: it holds the operator account and the policies.
 clean:
-	rm -rf $(VENV) staticfiles .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LITELLM_VENV) staticfiles .pytest_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
