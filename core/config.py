@@ -53,7 +53,10 @@ def _refuse_duplicates(level: str, rules: list[Rule]) -> None:
     seen: dict[str, int] = {}
     for i, rule in enumerate(rules):
         if rule.rule_id in seen:
-            raise ConfigError(f"repeats rule {seen[rule.rule_id]} ({rule.describe()}) of this level", f"{level}[{i}]")
+            j = seen[rule.rule_id]
+            raise ConfigError(
+                f"repeats rule {j} ({rules[j].describe()}) of this level: {rule.one_state}", f"{level}[{i}]"
+            )
         seen[rule.rule_id] = i
 
 

@@ -245,6 +245,11 @@ class Quota(Rule):
         zone = "" if self.timezone == "UTC" else f" {self.timezone}"
         return f"quota({format_number(self.capacity)}/{self.period}{zone}{soft})"
 
+    one_state = (
+        "quotas of the same period, time zone and mode that count the same are one budget, "
+        "whatever their limits, labels and demote_to"
+    )
+
     def _rule_id(self) -> str:
         # The state is named by what it counts, not by the limit it is held to: an operator
         # who raises a monthly budget mid-month keeps what was used (a new name would start

@@ -105,6 +105,10 @@ class Rule:
         if "redis_twin" not in cls.__dict__:
             cls.redis_twin = None
 
+    # Why two rules of one level whose rule_id is the same cannot both be: they would be one
+    # state (a quota says what names its state).
+    one_state = "the same type and parameters are one bucket, whatever the label"
+
     def __init__(self, label: str | None = None, shadow: bool = False, counts: str = "cost", **params: Any) -> None:
         values = clean_params(self.params, params, "")
         self.values = values

@@ -219,16 +219,15 @@ def refuse_repeats(rules: RuleSpecs, global_rules: RuleSpecs) -> None:
     """No rule of `rules` repeats another at its level, or one of the level's global rules:
     the same type and parameters are one bucket (the engine's rule_id), whatever the label."""
     for level, specs in rules.items():
-        seen = {build_rule(spec, "").rule_id: f"global rule {j}" for j, spec in enumerate(global_rules.get(level, []))}
+        seen = {}
+        for j, spec in enumerate(global_rules.get(level, [])):
+            built = build_rule(spec, "")
+            seen[built.rule_id] = f"global rule {j} ({built.display()})"
         for i, spec in enumerate(specs):
             built = build_rule(spec, "")
             if built.rule_id in seen:
-                raise PolicyConflict(
-                    f"repeats {seen[built.rule_id]} ({built.display()}) of this level: the same type and "
-                    f"parameters are one bucket, whatever the label",
-                    f"{level}[{i}]",
-                )
-            seen[built.rule_id] = f"rule {i}"
+                raise PolicyConflict(f"repeats {seen[built.rule_id]} of this level: {built.one_state}", f"{level}[{i}]")
+            seen[built.rule_id] = f"rule {i} ({built.display()})"
 
 
 # Alerts ------------------------------------------------------------------------------------------

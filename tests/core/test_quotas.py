@@ -379,8 +379,13 @@ def test_a_quotas_state_is_named_by_what_it_counts_not_the_limit_it_is_held_to(b
     )
     assert soft.inspect("team", "acme")[0]["state"]["used"] == 0
     assert HierarchicalLimiter.from_config({"team": [quota(10, "day"), quota(8, "day", mode="soft")]})
-    with pytest.raises(ConfigError, match="repeats rule 0"):
+    with pytest.raises(ConfigError) as repeated:
         HierarchicalLimiter.from_config({"team": [quota(10, "day"), quota(20, "day")]})
+    # The message names the rule repeated (not the repeat) and why two limits are one budget.
+    assert str(repeated.value) == (
+        "team[1]: repeats rule 0 (quota(10/day)) of this level: quotas of the same period, time zone "
+        "and mode that count the same are one budget, whatever their limits, labels and demote_to"
+    )
 
 
 # --- wall time, where the store's clock is not a calendar ----------------------------------------------
