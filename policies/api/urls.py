@@ -1,8 +1,24 @@
 """/api/v1/...: the gateways' endpoints and the operators' read-outs and policy CRUD."""
 
-from django.urls import path
+from django.urls import path, register_converter
 
 from . import alerts, authz, crud, decisions, inspection, quotas, rls, whatif
+
+
+class AnyRest:
+    """The rest of a path, whatever it holds: Django's <path:> stops at a newline (a %0A in
+    the request's URL), and forward-auth answers any path below it the same."""
+
+    regex = r"[\s\S]+"  # any character, a newline included (in ECMA regexes too, for the schema)
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(AnyRest, "rest")
 
 urlpatterns = [
     path("decisions", decisions.DecisionView.as_view(), name="api-decisions"),
@@ -12,7 +28,7 @@ urlpatterns = [
     path("leases/<str:lease>/release", decisions.LeaseReleaseView.as_view(), name="api-lease-release"),
     # Forward-auth: gateways may append the request's path; any path below answers the same.
     path("authz", authz.AuthzView.as_view(), name="api-authz"),
-    path("authz/<path:rest>", authz.AuthzView.as_view(schema=authz.BELOW), name="api-authz-below"),
+    path("authz/<rest:rest>", authz.AuthzView.as_view(schema=authz.BELOW), name="api-authz-below"),
     path("reservations", decisions.ReservationView.as_view(), name="api-reservations"),
     path("reservations/<str:reservation_id>/commit", decisions.CommitView.as_view(), name="api-reservation-commit"),
     path("reservations/<str:reservation_id>/cancel", decisions.CancelView.as_view(), name="api-reservation-cancel"),

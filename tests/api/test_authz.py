@@ -67,6 +67,13 @@ def test_any_method_and_any_path_below_is_decided(api, token, method):
     assert response.status_code == 200 and response["RateLimit"] == '"user:token_bucket";r=9'
 
 
+@pytest.mark.parametrize("below", ["/a%0Ab", "/%0A", "/v1/x%0D%0Ay"])
+def test_a_path_below_with_a_newline_is_decided_too(api, token, below):
+    # Found by schemathesis on PostgreSQL's pass: Django's <path:> stops at a newline (a 404).
+    response = ask(token, f"{AUTHZ}{below}", **HEADERS)
+    assert response.status_code == 200 and response["RateLimit"] == '"user:token_bucket";r=9'
+
+
 def test_it_decides_for_the_levels_it_has_headers_for_and_the_global_key(api, token, engine):
     ask(token, HTTP_X_LIMITER_USER="u1", HTTP_X_LIMITER_TEAM="acme")
     rows = engine.limiter_for("acme").inspect("global", "*")

@@ -16,7 +16,8 @@ import pytest
 from tests.embedding_urls import LIMIT
 from tests.serving import Service
 
-pytestmark = pytest.mark.slow
+# Served on a database of their own (tests/serving.py): PostgreSQL's pass would repeat them.
+pytestmark = [pytest.mark.slow, pytest.mark.sqlite]
 
 POLICY = {
     "default_tier": "embed",

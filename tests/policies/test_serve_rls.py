@@ -18,6 +18,10 @@ from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 from tests.policies.conftest import POLICY
 from tests.serving import ROOT, Service, free_port
 
+# Served on a database of their own (tests/serving.py), or none: PostgreSQL's pass would
+# repeat them.
+pytestmark = pytest.mark.sqlite
+
 Response = rls_pb2.RateLimitResponse
 
 

@@ -12,6 +12,10 @@ import pytest
 from limiter_admin.chunked import ChunkedBodies
 from tests.serving import Service
 
+# Served on a database of their own (tests/serving.py), or none: PostgreSQL's pass would
+# repeat them.
+pytestmark = pytest.mark.sqlite
+
 # --- the wrapper, on WSGI calls ------------------------------------------------------------------
 
 

@@ -14,8 +14,8 @@ import schemathesis
 from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections, transaction
-from hypothesis import HealthCheck, settings
-from schemathesis.specs.openapi.checks import negative_data_rejection
+from hypothesis import HealthCheck, Phase, settings
+from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 from .conftest import make_token
 
@@ -69,11 +69,35 @@ def afresh(live_schema):
     return afresh
 
 
+SETTINGS = {
+    "max_examples": EXAMPLES,
+    "deadline": None,
+    "derandomize": True,
+    "database": None,
+    "suppress_health_check": list(HealthCheck),
+}
+
+
+@pytest.mark.sqlite
 @schemathesis.pytest.from_fixture("live_schema").parametrize()
-@settings(
-    max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
-)
+@settings(**SETTINGS)
 def test_every_operation_passes_every_check(case, token, afresh):
+    """Every phase: the schema's examples, the coverage phase's boundary values of each field
+    (most of the time: thousands of requests an operation), and fuzzing."""
+    check(case, token, afresh)
+
+
+@pytest.mark.postgres
+@schemathesis.pytest.from_fixture("live_schema").parametrize()
+@settings(**SETTINGS, phases=[Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
+def test_every_operation_passes_every_check_fuzzed(case, token, afresh):
+    """On PostgreSQL, fuzzing alone: what differs there is what the database refuses (a NUL in
+    a text column, a number past a column's range), which generated bodies find; the coverage
+    phase's boundary values of each field meet the same code on SQLite's pass."""
+    check(case, token, afresh)
+
+
+def check(case, token, afresh) -> None:
     afresh(case.operation.label)
     excluded = []
     if case.operation.path.startswith("/api/v1/authz"):
@@ -81,4 +105,18 @@ def test_every_operation_passes_every_check(case, token, afresh):
         # the client sent: an unknown header is not bad input there (schemathesis adds one to
         # make a request "invalid"). Its bad input is tested in tests/api/test_authz.py.
         excluded.append(negative_data_rejection)
-    case.call_and_validate(headers={"Authorization": f"Bearer {token}"}, excluded_checks=excluded)
+    response = case.call(headers={"Authorization": f"Bearer {token}"})
+    if is_a_repeat(response):
+        # Two rules of one level that would be one state (core.rules' one_state: two quotas of a
+        # period whatever their limits, say): a uniqueness over some fields of an array's items
+        # that no schema can say. The 400 must still be the API's, naming the field.
+        excluded.append(positive_data_acceptance)
+    case.validate_response(response, headers={"Authorization": f"Bearer {token}"}, excluded_checks=excluded)
+
+
+def is_a_repeat(response) -> bool:
+    """A 400 whose every field is refused as repeating another rule of its level."""
+    if response.status_code != 400:
+        return False
+    fields = response.json().get("error", {}).get("fields") or {}
+    return bool(fields) and all(str(reason).startswith("repeats ") for reason in fields.values())
