@@ -167,15 +167,14 @@ class LimiterHook(CustomLogger):
                 await asyncio.shield(self._cancel(request_data.get("litellm_call_id")))
 
     async def _settle(self, call_id: Any, used: int | None) -> None:
+        """Commit the call's reservation in a task of its own, off the answer's path: the
+        answer does not wait for it, and the client's `aclose` does."""
         reservation = self.open.pop(call_id, None) if isinstance(call_id, str) else None
         if reservation is None:
             return
         if used is None:
             log.warning("call %s: no usage to read; settled at its estimate of %s", call_id, reservation.cost)
-        try:
-            await self.client.shielded(reservation.commit(used))
-        except LimiterError as error:
-            log.warning("call %s: settling reservation %s failed: %s", call_id, reservation.id, error)
+        self.client.shielded(_logged(reservation.commit(used), f"call {call_id}: settling {reservation.id}"))
 
     async def _cancel(self, call_id: Any) -> None:
         reservation = self.open.pop(call_id, None) if isinstance(call_id, str) else None
@@ -185,6 +184,13 @@ class LimiterHook(CustomLogger):
             await self.client.shielded(reservation.cancel())
         except LimiterError as error:
             log.warning("call %s: cancelling reservation %s failed: %s", call_id, reservation.id, error)
+
+
+async def _logged(settlement: Any, what: str) -> None:
+    try:
+        await settlement
+    except LimiterError as error:
+        log.warning("%s failed: %s", what, error)
 
 
 # --- counting tokens -------------------------------------------------------------------------------

@@ -32,7 +32,8 @@ MODEL = "gpt-test"
 SLOW_MODEL, FAILING_MODEL, SLOW_DELAY = "slow-test", "failing-test", 6
 MOCK_RESPONSE = "A mocked answer of a few tokens."
 MASTER_KEY = "sk-" + "5e" * 32  # LiteLLM refuses to start without one; no database here
-STARTUP_TIMEOUT = 90.0  # LiteLLM imports a great deal before it listens
+STARTUP_TIMEOUT = 90.0
+DOCUMENTED = "as documented"  # LiteLLM imports a great deal before it listens
 
 
 def documented() -> str:
@@ -46,7 +47,11 @@ def documented() -> str:
 class LiteLLM:
     """The proxy, started from the documented configuration, in front of the `service`."""
 
-    def __init__(self, service: Service, workers: int = 1, extra_env: dict | None = None) -> None:
+    def __init__(
+        self, service: Service, workers: int = 1, extra_env: dict | None = None, callback: str | None = DOCUMENTED
+    ) -> None:
+        """`callback`: another callback than the documented one, or None for none
+        (bench/litellm.py compares them)."""
         self.service, self.workers = service, workers
         self.directory = tempfile.TemporaryDirectory(prefix="litellm-")
         self.port = free_port()
@@ -61,6 +66,10 @@ class LiteLLM:
         ):
             params = {**model["litellm_params"], "model": f"openai/{name}", **extra}
             config["model_list"].append({"model_name": name, "litellm_params": params})
+        if callback is None:
+            del config["litellm_settings"]["callbacks"]
+        elif callback != DOCUMENTED:
+            config["litellm_settings"]["callbacks"] = callback
         self.config.write_text(yaml.safe_dump(config))
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "DATABASE", "REDIS"))},
@@ -69,6 +78,8 @@ class LiteLLM:
             "LIMITER_TOKEN": service.token,
             "LITELLM_LOG": "ERROR",
             "LITELLM_TELEMETRY": "False",
+            # Its model cost map from the package, not fetched from GitHub: nothing leaves the machine.
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             "DISABLE_SCHEMA_UPDATE": "true",
             "LITELLM_MASTER_KEY": MASTER_KEY,
             **(extra_env or {}),
