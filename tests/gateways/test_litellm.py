@@ -31,8 +31,19 @@ POLICY = {
         "small": {"team": [{"type": "token_bucket", "capacity": SMALL, "per_second": 0}]},
         "tight": {"team": [{"type": "token_bucket", "capacity": TIGHT, "per_second": 0}]},
         "refill": {"team": [{"type": "token_bucket", "capacity": 100, "per_second": 1}]},
+        "solo": {
+            "team": [
+                {"type": "token_bucket", "capacity": BUDGET, "per_second": 0},
+                {"type": "concurrency", "limit": 1, "lease": 60},
+            ]
+        },
     },
-    "tenants": {"small": {"tier": "small"}, "tight": {"tier": "tight"}, "slow": {"tier": "refill"}},
+    "tenants": {
+        "small": {"tier": "small"},
+        "tight": {"tier": "tight"},
+        "slow": {"tier": "refill"},
+        "solo": {"tier": "solo"},
+    },
 }
 HELLO = [{"role": "user", "content": "hello there"}]
 
@@ -152,6 +163,29 @@ def test_responses_are_settled_at_their_usage_never_at_zero(service, proxy, team
     used = usage.get("total_tokens") or usage["input_tokens"] + usage["output_tokens"]
     assert used > 0
     assert room_once(service, team, BUDGET - used) == BUDGET - used
+
+
+def test_completions_are_settled_at_their_usage(service, proxy, team):
+    status, _, body = proxy.call("/v1/completions", {"prompt": "hello there", "max_tokens": 100}, team=team)
+    assert status == 200, body
+    used = body["usage"]["total_tokens"]
+    assert used > 0
+    assert room_once(service, team, BUDGET - used) == BUDGET - used
+
+
+def test_a_concurrency_slot_a_call_took_comes_back_with_its_settlement(service, proxy):
+    """The tier "solo": one call at a time. While a slow call runs a second is refused; once
+    it is answered the slot is back, and calls one after another all go."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        slow = pool.submit(proxy.chat, {"model": SLOW_MODEL, "messages": HELLO, "max_tokens": 10}, "solo")
+        assert until(lambda: room(service, "solo") < BUDGET)  # the slow call holds its tokens and slot
+        status, _, body = proxy.chat({"messages": HELLO, "max_tokens": 10}, team="solo")
+        assert status == 429, body
+        assert body["error"]["provider_specific_fields"]["blocked_by"] == "team: concurrency(1, lease 60s) per request"
+        assert slow.result()[0] == 200
+    for _ in range(3):
+        status, _, body = proxy.chat({"messages": HELLO, "max_tokens": 10}, team="solo")
+        assert status == 200, body
 
 
 def test_a_streamed_call_is_settled_when_it_ends(service, proxy, team):
