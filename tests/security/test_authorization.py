@@ -38,7 +38,7 @@ ALERT = {
 # A URL to ask for each route with parameters (or a query it needs to be a valid request).
 SAMPLE_URLS = {
     "/api/v1/leases/<str:lease>/release": "/api/v1/leases/no-such-lease/release",
-    "/api/v1/authz/<path:rest>": "/api/v1/authz/some/path",
+    "/api/v1/authz/<rest:rest>": "/api/v1/authz/some/path",
     "/api/v1/reservations/<str:reservation_id>/commit": "/api/v1/reservations/no-such-reservation/commit",
     "/api/v1/reservations/<str:reservation_id>/cancel": "/api/v1/reservations/no-such-reservation/cancel",
     "/api/v1/buckets": "/api/v1/buckets?level=team&key=acme",
@@ -84,7 +84,7 @@ BODIES = {
     **{
         (method, route): {}
         for method in ("POST", "PUT", "PATCH")
-        for route in ("/api/v1/authz", "/api/v1/authz/<path:rest>")
+        for route in ("/api/v1/authz", "/api/v1/authz/<rest:rest>")
     },
     ("POST", "/api/v1/tiers"): {"name": "gold", "rules": {"user": [BUCKET]}},
     ("PUT", "/api/v1/tiers/<str:name>"): {"name": "pro", "rules": {"user": [BUCKET]}, "version": 1},
