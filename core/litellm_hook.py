@@ -29,6 +29,7 @@ import logging
 import math
 import os
 from collections.abc import AsyncGenerator, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import HTTPException  # type: ignore[import-not-found]
@@ -43,6 +44,8 @@ log = logging.getLogger("core.litellm_hook")
 
 DEFAULT_OUTPUT = 1024
 DEFAULT_TIMEOUT = 2.0  # seconds each request to the API may take
+# Open reservations kept before those whose hold ran out are looked for and dropped.
+FORGET_AFTER = 10_000
 # The request fields that cap a call's output, the larger of them counting (PR #34223: a call
 # giving both must not pass with the smaller).
 OUTPUT_CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
@@ -104,10 +107,20 @@ class LimiterHook(CustomLogger):
                 headers={"Retry-After": "1"},
             ) from None
         if reservation.id is not None and isinstance(call_id, str):
+            if len(self.open) >= FORGET_AFTER:
+                self.forget_expired()
             self.open[call_id] = reservation
             _metadata(data)[RESERVATION] = reservation.id
             reservation.actual_cost = estimate
         return data
+
+    def forget_expired(self) -> None:
+        """Drop the reservations whose hold has run out: a call that LiteLLM ended through no
+        hook of ours (the server gave their cost back already) must not stay in memory."""
+        now = datetime.now(UTC)
+        for call_id, reservation in list(self.open.items()):
+            if reservation.expires_at is not None and reservation.expires_at <= now:
+                del self.open[call_id]
 
     def keys(self, user_api_key_dict: Any, data: Mapping[str, Any]) -> dict[str, str]:
         """The virtual key's team and user when LiteLLM's database gives them, else the

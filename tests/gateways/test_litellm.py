@@ -7,16 +7,18 @@ what its calls have settled. The team's bucket never refills, so that room is ex
 """
 
 import json
+import os
 import re
 import socket
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.gateways.llm_proxy import FAILING_MODEL, MASTER_KEY, SLOW_DELAY, SLOW_MODEL, LiteLLM
-from tests.serving import Service, free_port
+from tests.gateways.llm_proxy import FAILING_MODEL, MASTER_KEY, SLOW_DELAY, SLOW_MODEL, VENV, LiteLLM
+from tests.serving import ROOT, Service, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -257,3 +259,37 @@ def test_four_proxy_workers_never_pass_a_teams_budget(redis_url):
         assert set(statuses) <= {200, 429} and 429 in statuses
         assert sum(used) <= BUDGET
         assert room_once(service, "shared", BUDGET - sum(used)) == BUDGET - sum(used)
+
+
+def test_reservations_whose_hold_ran_out_are_forgotten_by_a_long_lived_proxy():
+    """A call that LiteLLM ended through none of the hook's callbacks leaves its reservation
+    in the hook's table; past FORGET_AFTER of them, those whose hold ran out are dropped.
+    Run in the proxy's own environment (the hook imports LiteLLM)."""
+    script = """
+import asyncio
+from core.litellm_hook import FORGET_AFTER, LimiterHook
+from core.async_client import AsyncLimiterClient, AsyncRemoteReservation
+
+async def main():
+    client = AsyncLimiterClient("http://127.0.0.1:9", "token")
+    hook = LimiterHook(client=client)
+    def reservation(rid, expires):
+        body = {"allowed": True, "id": rid, "expires_at": expires}
+        return AsyncRemoteReservation(client, body, 10, 201)
+    for i in range(FORGET_AFTER):
+        hook.open[f"old-{i}"] = reservation(f"r{i}", "2000-01-01T00:00:00Z")
+    hook.open["live"] = reservation("live", "2999-01-01T00:00:00Z")
+    hook.forget_expired()
+    print(sorted(hook.open))
+
+asyncio.run(main())
+"""
+    done = subprocess.run(
+        [str(VENV / "bin" / "python"), "-c", script],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "['live']"
