@@ -45,7 +45,9 @@ def set_capacity(row, capacity: int) -> None:
 
 def rule_row(page, level: str):
     rows = page.locator("tr.form-row[id^='rules-']:not(#rules-empty)")
-    expect(rows.first).to_be_attached()
+    # The admin's inlines.js adds this link once the whole page is parsed: on a busy machine the
+    # rows were read while the last one's select was still being parsed (no level checked).
+    expect(page.locator("tr.add-row a")).to_be_visible()
     for i in range(rows.count()):
         row = rows.nth(i)
         if row.locator("select[name$='-level'] option:checked").inner_text() == level:

@@ -106,17 +106,20 @@ def check(case, token, afresh) -> None:
         # make a request "invalid"). Its bad input is tested in tests/api/test_authz.py.
         excluded.append(negative_data_rejection)
     response = case.call(headers={"Authorization": f"Bearer {token}"})
-    if is_a_repeat(response):
-        # Two rules of one level that would be one state (core.rules' one_state: two quotas of a
-        # period whatever their limits, say): a uniqueness over some fields of an array's items
-        # that no schema can say. The 400 must still be the API's, naming the field.
+    if is_a_uniqueness_refusal(response):
+        # A name twice in a list (two levels called "d"), or two rules of one level that would
+        # be one state (core.rules' one_state: two quotas of a period whatever their limits):
+        # uniqueness over a field of an array's items, which no schema can say. The 400 must
+        # still be the API's, naming the field.
         excluded.append(positive_data_acceptance)
     case.validate_response(response, headers={"Authorization": f"Bearer {token}"}, excluded_checks=excluded)
 
 
-def is_a_repeat(response) -> bool:
-    """A 400 whose every field is refused as repeating another rule of its level."""
+def is_a_uniqueness_refusal(response) -> bool:
+    """A 400 whose every field is refused as a name given twice or a rule repeating another."""
     if response.status_code != 400:
         return False
     fields = response.json().get("error", {}).get("fields") or {}
-    return bool(fields) and all(str(reason).startswith("repeats ") for reason in fields.values())
+    return bool(fields) and all(
+        str(reason).startswith("repeats ") or str(reason).endswith(" appears twice") for reason in fields.values()
+    )
