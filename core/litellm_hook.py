@@ -51,8 +51,6 @@ FORGET_AFTER = 10_000
 OUTPUT_CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 # Where a request names its team and priority without LiteLLM's database.
 TEAM_HEADER, PRIORITY_HEADER = "x-limiter-team", "x-limiter-priority"
-# The ids of the reservations a call's data carries, for the hooks after it.
-RESERVATION = "limiter_reservation"
 
 
 class LimiterHook(CustomLogger):
@@ -110,8 +108,6 @@ class LimiterHook(CustomLogger):
             if len(self.open) >= FORGET_AFTER:
                 self.forget_expired()
             self.open[call_id] = reservation
-            _metadata(data)[RESERVATION] = reservation.id
-            reservation.actual_cost = estimate
         return data
 
     def forget_expired(self) -> None:
@@ -193,10 +189,7 @@ class LimiterHook(CustomLogger):
         reservation = self.open.pop(call_id, None) if isinstance(call_id, str) else None
         if reservation is None:
             return
-        try:
-            await self.client.shielded(reservation.cancel())
-        except LimiterError as error:
-            log.warning("call %s: cancelling reservation %s failed: %s", call_id, reservation.id, error)
+        await self.client.shielded(_logged(reservation.cancel(), f"call {call_id}: cancelling {reservation.id}"))
 
 
 async def _logged(settlement: Any, what: str) -> None:

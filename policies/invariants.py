@@ -217,7 +217,8 @@ def check_global_rules(global_rules: RuleSpecs) -> None:
 
 def refuse_repeats(rules: RuleSpecs, global_rules: RuleSpecs) -> None:
     """No rule of `rules` repeats another at its level, or one of the level's global rules:
-    the same type and parameters are one bucket (the engine's rule_id), whatever the label."""
+    two rules with the engine's same rule_id are one state (each rule type's `one_state`
+    says why)."""
     for level, specs in rules.items():
         seen = {}
         for j, spec in enumerate(global_rules.get(level, [])):

@@ -30,6 +30,19 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def stop_group(process: subprocess.Popen | None) -> None:
+    """Stop a server started with `start_new_session=True` and all its children: SIGTERM to its
+    process group, SIGKILL after 10 s."""
+    if process is None or process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
 class Service:
     """gunicorn serving limiter_admin with its own database (and Redis, if given)."""
 
@@ -213,13 +226,7 @@ class Service:
         return [int(pid) for pid in done.stdout.split()]
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_group(self.process)
         self.process = None
 
     def __enter__(self) -> Service:

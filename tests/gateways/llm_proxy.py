@@ -12,7 +12,6 @@ import http.client
 import json
 import os
 import re
-import signal
 import subprocess
 import tempfile
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from tests.gateways.running import fill
-from tests.serving import ROOT, Service, free_port
+from tests.serving import ROOT, Service, free_port, stop_group
 
 VENV = ROOT / ".venv-litellm"
 DOC = ROOT / "docs" / "LLM_GATEWAYS.md"
@@ -125,13 +124,7 @@ class LiteLLM:
         raise RuntimeError(f"LiteLLM did not start in {STARTUP_TIMEOUT:.0f} s: {self.read_log()[-4000:]}")
 
     def __exit__(self, *exc: object) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_group(self.process)
         self.directory.cleanup()
 
     def read_log(self) -> str:

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import string
 import subprocess
@@ -26,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import NamedTuple
 
-from tests.serving import ROOT, free_port
+from tests.serving import ROOT, free_port, stop_group
 
 GATEWAYS = ROOT / "docs" / "GATEWAYS.md"
 STARTUP_TIMEOUT = 20.0
@@ -223,13 +222,7 @@ class Gateway:
         return request(self.port, "GET", path, headers)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_group(self.process)
         self.process = None
 
     def __enter__(self) -> Gateway:
