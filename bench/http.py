@@ -12,8 +12,8 @@ redis-server), for endpoints served by one gunicorn, side by side:
 
 Run: .venv/bin/python bench/http.py [--duration S] [--connections N] [--workers W]
      [--threads T[,T2...]] [--batch-size B] [--rounds R] [--endpoints healthz,decision,...]
-     [--against CHECKOUT ...] [--worker-class sync,gthread,uvicorn] [--no-keepalive]
-     [--rate 500,1000,2000 [--open-rounds R]] [--profile auto|always|never]
+     [--against CHECKOUT ...] [--worker-class sync,gthread,uvicorn,granian] [--no-keepalive]
+     [--client python|wrk] [--rate 500,1000,2000 [--open-rounds R]] [--profile auto|always|never]
 
 Load: --client-processes processes (fork), each with threads that hold one HTTP/1.1
 connection to 127.0.0.1 each, --connections in all. Closed loop (the default): every
@@ -28,7 +28,12 @@ its Content-Length: 40 - 60 us of CPU per request, where http.client took about 
 client shares the machine's cores with the server, so a heavier client would take cores from
 the server and hide part of the server's own differences. Each run warms up for --warmup
 seconds, then counts --duration seconds: requests/s, and each request's latency for p50 and
-p99.
+p99. With --client wrk the closed loop is wrk's (Debian's `wrk`, --client-processes threads,
+the same connections and prebuilt requests; a Lua response callback counts allowed and
+degraded answers), as issue 22 measured: about 10 - 20 us of CPU per request.
+
+Per run, the flushing threads' share of the server's CPU comes from the server's own /metrics
+(limiter_flush_cpu_seconds, every worker's), read before and after the measured window.
 
 Contenders: this checkout, and with --against each other checkout given, served by its own
 gunicorn from its own tree (with its own bench/settings.py if it has one), each on a database
@@ -66,9 +71,11 @@ elif ROOT not in sys.path:
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import importlib.util  # noqa: E402
 import json  # noqa: E402
 import multiprocessing  # noqa: E402
 import random  # noqa: E402
+import shutil  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -362,6 +369,24 @@ def machine_idle() -> float:
     return (int(fields[4]) + int(fields[5])) / CLOCK_TICK
 
 
+def flush_cpu(port: int) -> float:
+    """The server's CPU seconds in its flushing threads so far, every worker's (its /metrics:
+    limiter_flush_cpu_seconds, by what was flushed); 0 when it does not say."""
+    try:
+        status, text = Connection(port).exchange_once(
+            f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+        )
+    except OSError:
+        return 0.0
+    if status != 200:
+        return 0.0
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.decode("utf-8", "replace").splitlines()
+        if line.startswith("limiter_flush_cpu_seconds_total")
+    )
+
+
 def redis_calls(client) -> tuple[int, int]:
     """(script calls, all commands) the redis-server has run so far, INFO itself left out.
     A decision's round trip is its script call (FCALL, or EVALSHA before Redis functions); all
@@ -390,6 +415,8 @@ def load(
     loop, or open at `rate` requests/s; kept alive, or (`fresh`, by default --no-keepalive) a
     connection per request. `redis`: a client of the redis-server, whose commands are counted."""
     fresh = getattr(args, "no_keepalive", False) if fresh is None else fresh
+    if getattr(args, "client", "python") == "wrk" and rate is None and not fresh:
+        return load_by_wrk(port, requests, per_request, args, servers, redis)
     context = multiprocessing.get_context("fork")
     processes = min(args.client_processes, args.connections)
     share = [args.connections // processes + (k < args.connections % processes) for k in range(processes)]
@@ -407,6 +434,7 @@ def load(
         pipes.append(ours)
         children.append(child)
     time.sleep(max(0.0, t0 - time.monotonic()))
+    flushed0 = flush_cpu(port)
     before = {name: usage(pids) for name, pids in servers.items()}
     calls0 = redis_calls(redis)
     idle0 = machine_idle()
@@ -414,6 +442,7 @@ def load(
     used = {name: usage(pids) - before[name] for name, pids in servers.items()}
     idle = machine_idle() - idle0
     calls1 = redis_calls(redis)
+    flushed = flush_cpu(port) - flushed0
     results = [pipe.recv() for pipe in pipes]
     for child in children:
         child.join()
@@ -423,6 +452,119 @@ def load(
     found = summarise([(tallies, cpu) for tallies, cpu, _ in results], used, idle, per_request, args)
     found["redis_calls"] = tuple((b - a) / found["answers"] for a, b in zip(calls0, calls1))
     found["rate"], found["fresh"] = rate, fresh
+    found["flush_share"] = flush_share(flushed, used)
+    return found
+
+
+def flush_share(flushed: float, used: dict[str, Usage]) -> float:
+    """The flushing threads' share of the server's CPU in a run."""
+    server = used["gunicorn"].user + used["gunicorn"].system
+    return flushed / server if server else 0.0
+
+
+# --client wrk: the closed loop by wrk (Debian's `wrk`), --client-processes threads and
+# --connections connections, cycling through the same prebuilt requests; a response callback
+# counts what the answers say, and `done` prints the tallies on one line.
+WRK_SCRIPT = """
+local requests = {%s}
+local threads = {}
+i, seen, allowed, degraded, bad = 0, 0, 0, 0, 0  -- globals: done() reads them with thread:get
+function setup(thread)
+  thread:set("offset", #threads * 7919)
+  table.insert(threads, thread)
+end
+function init(args)
+  i = offset
+end
+function request()
+  i = i + 1
+  return requests[i %% #requests + 1]
+end
+function response(status, headers, body)
+  seen = seen + 1
+  if status ~= 200 then bad = bad + 1 end
+  if body then
+    local _, n = string.gsub(body, '"allowed":true', "")
+    allowed = allowed + n
+    local _, m = string.gsub(body, '"degraded":true', "")
+    degraded = degraded + m
+  end
+end
+function done(summary, latency, requests)
+  local a, d, b, n = 0, 0, 0, 0
+  for _, thread in ipairs(threads) do
+    a, d = a + thread:get("allowed"), d + thread:get("degraded")
+    b, n = b + thread:get("bad"), n + thread:get("seen")
+  end
+  local errors = summary.errors
+  io.write(string.format("WRK %%d %%d %%d %%d %%d %%d %%d %%d %%d %%d %%d\\n", summary.requests, summary.duration,
+    latency:percentile(50), latency:percentile(99), latency.max, a, d, b + errors.connect + errors.read
+    + errors.write + errors.timeout, n, errors.status, errors.connect))
+end
+"""
+
+
+def lua_string(raw: bytes) -> str:
+    """`raw` as a Lua string literal (decimal escapes for all but plain printable ASCII)."""
+    return '"' + "".join(chr(b) if 32 <= b < 127 and b not in (34, 92) else f"\\{b:03d}" for b in raw) + '"'
+
+
+def load_by_wrk(port: int, requests: list[bytes], per_request: int, args, servers: dict[str, list[int]], redis) -> dict:
+    """One closed-loop run by wrk: a warm-up run, then the measured one, with the servers' CPU
+    (and wrk's own, from the children this process has waited for) around it."""
+    import resource
+
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", prefix="bench-wrk-") as script:
+        script.write(WRK_SCRIPT % ",".join(lua_string(r) for r in requests))
+        script.flush()
+        base = ["wrk", "-t", str(args.client_processes), "-c", str(args.connections), "-s", script.name]
+        url = f"http://127.0.0.1:{port}/"
+        if args.warmup:
+            subprocess.run([*base, "-d", f"{max(1, round(args.warmup))}s", url], capture_output=True, check=True)
+        flushed0 = flush_cpu(port)
+        before = {name: usage(pids) for name, pids in servers.items()}
+        calls0, idle0 = redis_calls(redis), machine_idle()
+        children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        done = subprocess.run(
+            [*base, "-d", f"{max(1, round(args.duration))}s", "--timeout", "10s", url], capture_output=True, text=True
+        )
+        children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        used = {name: usage(pids) - before[name] for name, pids in servers.items()}
+        idle, calls1 = machine_idle() - idle0, redis_calls(redis)
+        flushed = flush_cpu(port) - flushed0
+    line = next((x for x in done.stdout.splitlines() if x.startswith("WRK ")), None)
+    if done.returncode or line is None:
+        raise SystemExit(f"wrk failed ({done.returncode}): {done.stdout[-800:]} {done.stderr[-800:]}")
+    answers, micros, p50, p99, top, allowed, degraded, errors, seen, status, _ = (int(x) for x in line.split()[1:])
+    if not answers:
+        raise SystemExit("no answer arrived in the measured window")
+    seconds = micros / 1e6
+    client = (children1.ru_utime + children1.ru_stime) - (children0.ru_utime + children0.ru_stime)
+    decisions = answers * per_request
+    found = {
+        "answers": answers,
+        "requests_s": answers / seconds,
+        "decisions_s": decisions / seconds,
+        "p50_ms": p50 / 1e3,
+        "p99_ms": p99 / 1e3,
+        "max_ms": top / 1e3,
+        "allowed": allowed / max(decisions, 1),
+        "degraded": degraded / max(decisions, 1),
+        "errors": errors,
+        "reconnects": 0,
+        "late": 0,
+        "cpu_us": {name: 1e6 * (u.user + u.system) / answers for name, u in used.items()},
+        "gunicorn_system": used["gunicorn"].system / ((used["gunicorn"].user + used["gunicorn"].system) or 1),
+        "switches": used["gunicorn"].switches / answers,
+        "idle": idle / (os.cpu_count() * seconds),
+    }
+    found["cpu_us"]["load generator"] = 1e6 * client / answers
+    busy = os.cpu_count() * seconds - idle
+    ours = sum(u.user + u.system for u in used.values()) + client
+    found["other_cores"] = max(0.0, busy - ours) / seconds
+    found["redis_calls"] = tuple((b - a) / answers for a, b in zip(calls0, calls1))
+    found["rate"], found["fresh"] = None, False
+    found["flush_share"] = flush_share(flushed, used)
     return found
 
 
@@ -472,9 +614,10 @@ WORKER_CLASSES = {
     "gthread": ("gthread", "limiter_admin.wsgi"),
     "uvicorn": ("uvicorn_worker.UvicornWorker", "limiter_admin.asgi:application"),
     "asgi": ("gunicorn.workers.gasgi.ASGIWorker", "limiter_admin.asgi:application"),
+    "granian": ("granian", "limiter_admin.wsgi:application"),
 }
 AS_CONFIGURED = "as configured"  # no -k: what limiter_admin/gunicorn_conf.py says
-THREADED = ("gthread", AS_CONFIGURED)  # the classes whose --threads matter
+THREADED = ("gthread", AS_CONFIGURED, "granian")  # the classes whose --threads matter
 PATIENT = 10.0  # seconds: the bench's own Redis calls (INFO) wait out a busy machine
 
 
@@ -511,8 +654,9 @@ def serve(args, url: str, root: str = ROOT, worker_class: str = AS_CONFIGURED, t
         threads=args.threads if threads is None else threads,
         extra_env={"DJANGO_SETTINGS_MODULE": settings_of(root)},
         root=root,
-        worker_class=kind,
+        worker_class=None if kind == "granian" else kind,
         app=app,
+        server="granian" if kind == "granian" else "gunicorn",
     )
 
 
@@ -622,7 +766,8 @@ HEADER = (
     f"{'round':>5} {'endpoint':22} {'req/s':>8} {'decisions/s':>12} {'p50 ms':>7} {'p99 ms':>7} "
     f"{'max ms':>7} {'allowed':>8} {'degraded':>8} {'errors':>6} | CPU us per request: gunicorn (system share, "
     f"context switches), redis-server, load generator | Redis per request: script calls / all commands, "
-    f"those run inside scripts and by the flushers included | idle | "
+    f"those run inside scripts and by the flushers included | the flushing threads' share of the "
+    f"server's CPU | idle | "
     f"other processes"
 )
 
@@ -639,7 +784,8 @@ def print_run(number, endpoint: str, found: dict) -> None:
         f"{found['p50_ms']:7.2f} {found['p99_ms']:7.2f} {found['max_ms']:7.1f} {allowed} "
         f"{found['errors']:6} | {cpu['gunicorn']:6,.0f} ({found['gunicorn_system']:.0%} sys, "
         f"{found['switches']:.1f} sw), {cpu['redis-server']:4,.0f}, {cpu['load generator']:3,.0f} | "
-        f"{scripts:.2f} / {every:.2f} | {found['idle']:3.0%} | {found['other_cores']:.2f} cores{late}",
+        f"{scripts:.2f} / {every:.2f} | {found.get('flush_share', 0):4.1%} | {found['idle']:3.0%} | "
+        f"{found['other_cores']:.2f} cores{late}",
         flush=True,
     )
 
@@ -674,7 +820,8 @@ def report(rounds: list[dict], args, contender: Contender | None = None) -> dict
     )
     print(
         f"{'endpoint':9} {'req/s':>8} {'decisions/s':>12} {'p50 ms':>7} {'p99 ms':>7} {'allowed':>8} "
-        f"{'CPU us/req: gunicorn':>21} {'all three':>10} {'decisions/server CPU-s':>23} {'scripts/req':>11}"
+        f"{'CPU us/req: gunicorn':>21} {'all three':>10} {'decisions/server CPU-s':>23} {'scripts/req':>11} "
+        f"{'flushers':>8}"
     )
     for endpoint in endpoints:
         cpu = statistics.median(found[endpoint]["cpu_us"]["gunicorn"] for found in rounds)
@@ -688,7 +835,7 @@ def report(rounds: list[dict], args, contender: Contender | None = None) -> dict
             f"{median(rounds, endpoint, 'decisions_s'):12,.0f} {median(rounds, endpoint, 'p50_ms'):7.2f} "
             f"{median(rounds, endpoint, 'p99_ms'):7.2f} {median(rounds, endpoint, 'allowed'):8.1%} {cpu:21,.0f} "
             f"{statistics.median(machine_us(found[endpoint]) for found in rounds):10,.0f} "
-            f"{per_cpu:23,.0f} {scripts:11.2f}"
+            f"{per_cpu:23,.0f} {scripts:11.2f} {median(rounds, endpoint, 'flush_share'):8.1%}"
         )
     degraded = max(found[endpoint]["degraded"] for found in rounds for endpoint in endpoints)
     if degraded:
@@ -994,6 +1141,7 @@ def ablations() -> dict[str, list[tuple[object, dict]]]:
     """name -> the (object, {attribute: stand-in}) patches that take one step out of a
     decision on the gateway path (GatewayView.dispatch and caller, DecisionView.answer,
     policies.services.decisions.ask): the view answers as before, minus that work."""
+    from limiter_admin.gateway_front import GatewayFront
     from policies.api import decisions as views
     from policies.api import gateway
     from policies.policy import TENANT_LEVEL
@@ -1015,6 +1163,15 @@ def ablations() -> dict[str, list[tuple[object, dict]]]:
         def limiter_for(self, team):
             return limiter
 
+    from limiter_admin import wsgi
+
+    front = wsgi.application
+    while not isinstance(front, GatewayFront):
+        front = front.application  # inside ChunkedBodies
+
+    def bare_chain(self, view):
+        return lambda request: view(request, *request.resolver_match.args, **request.resolver_match.kwargs)
+
     steps = {
         "token authentication (bearer_identity)": [(gateway, {"bearer_identity": lambda header: identity})],
         "body: read + json.loads (read_json)": [(gateway, {"read_json": lambda request: {"keys": some_keys}})],
@@ -1028,6 +1185,8 @@ def ablations() -> dict[str, list[tuple[object, dict]]]:
         ],
         "RateLimit headers (decision_headers)": [(views, {"decision_headers": lambda *a: {}})],
         "timing: limiter_decision_seconds (observe_seconds)": [(gateway, {"observe_seconds": lambda e, s: None})],
+        "middleware around the view (GatewayFront.chain)": [(GatewayFront, {"chain": bare_chain})],
+        "(negative) the whole middleware chain, not the direct path": [(front, {"_direct": None})],
     }
     steps["all of the above"] = [patch for patches in steps.values() for patch in patches]
     return steps
@@ -1256,6 +1415,14 @@ def parse_args():
     )
     parser.add_argument("--no-keepalive", action="store_true", help="a new connection per request (Connection: close)")
     parser.add_argument(
+        "--client",
+        choices=("python", "wrk"),
+        default="python",
+        help="the closed loop's load generator: ours (threads in --client-processes processes), or "
+        "wrk (Debian's; --client-processes threads) as issue 22 measures; open loop and "
+        "--no-keepalive are ours",
+    )
+    parser.add_argument(
         "--rate",
         default="",
         help="open loop: comma-separated requests/s (e.g. 500,1000,2000), run after the closed loop",
@@ -1284,6 +1451,10 @@ def parse_args():
     if unknown:
         parser.error(f"unknown worker classes {sorted(unknown)} (known: {', '.join(WORKER_CLASSES)})")
     args.threads = [int(t) for t in args.threads.split(",") if t.strip()]
+    if args.client == "wrk" and shutil.which("wrk") is None:
+        parser.error("--client wrk needs wrk on the PATH (Debian: apt-get install wrk)")
+    if "granian" in args.worker_class and importlib.util.find_spec("granian") is None:
+        parser.error("--worker-class granian needs granian (requirements-dev.txt: make venv)")
     args.rate = [float(r) for r in args.rate.split(",") if r.strip()]
     args.open_rounds = args.rounds if args.open_rounds is None else args.open_rounds
     if not args.rounds and not args.rate and args.profile != "always":

@@ -15,7 +15,13 @@ resolves to one of the gateways' views (`served_directly`: policies.api.gateway.
 the middleware that is not the console's, built by Django's own classes as its handler builds
 them (`settings.MIDDLEWARE` minus the console_only wrappers and the console's admission, in
 its order, each exception turned into its answer by Django's `convert_exception_to_response`,
-so that a bug is the API's 500 and a database error its 503, as through the handler). The
+so that a bug is the API's 500 and a database error its 503, as through the handler).
+
+A call without a cookie (a gateway's, with its Bearer token) goes through less still: the hooks
+of the middleware that acts on such a call (`RUN`: the security, common and clickjacking
+middleware's `process_request` and `process_response`, Django's own methods) around the view,
+and nothing of the middleware that leaves it alone (`LEFT_OUT`, each with the reason). When
+settings.MIDDLEWARE has a middleware in neither list, every call takes the whole chain. The
 database's connections are closed by `request_finished` when one had an error or is past
 CONN_MAX_AGE, as the handler's signal would have closed it. Anything else goes
 to Django's handler unchanged, and so does a call whose Host is not allowed (Django answers
@@ -34,7 +40,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import DisallowedHost
-from django.core.handlers.exception import convert_exception_to_response
+from django.core.handlers.exception import convert_exception_to_response, response_for_exception
 from django.core.handlers.wsgi import WSGIRequest
 from django.core.signals import request_finished
 from django.db import connections
@@ -49,6 +55,27 @@ from .console_only import passes_by
 CONSOLE_MIDDLEWARE = ("limiter_admin.console_only.", "limiter_admin.admission.")
 MAX_RESOLVED = 64  # gateway paths without parameters whose resolution is kept
 
+# A call without a cookie to a gateway view: the middleware whose hooks act on it, run as
+# Django's MiddlewareMixin runs them, and the middleware that leaves it alone, and why.
+RUN = (
+    "django.middleware.security.SecurityMiddleware",  # an https redirect; its security header fields
+    "django.middleware.common.CommonMiddleware",  # refused user agents, PREPEND_WWW; Content-Length
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",  # X-Frame-Options
+)
+LEFT_OUT = {
+    "limiter_admin.middleware.DatabaseUnavailableMiddleware": (
+        "has no hook but process_exception, which only Django's handler calls, around a view it"
+        " dispatches; a gateway view answers a database error itself (its 503)"
+    ),
+    "django.contrib.sessions.middleware.SessionMiddleware": (
+        "without a cookie there is no session to read, and a gateway view opens none"
+    ),
+    "django.middleware.csrf.CsrfViewMiddleware": (
+        "the gateway views are csrf_exempt, and without a cookie there is no CSRF cookie to read or renew"
+    ),
+    "axes.middleware.AxesMiddleware": "answers a locked-out login, and a gateway view is no login",
+}
+
 
 class GatewayFront:
     """WSGI middleware: a gateway's call to a gateway view, served directly (see the module's
@@ -58,6 +85,7 @@ class GatewayFront:
         self.application = application
         self._chains: dict[Callable[..., Any], Callable[[HttpRequest], Any]] = {}
         self._resolved: dict[str, ResolverMatch | None] = {}
+        self._direct = direct_path()
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
@@ -71,7 +99,10 @@ class GatewayFront:
             return self.application(environ, start_response)
         request.resolver_match = match
         try:
-            response = self.chain(match.func)(request)
+            if "HTTP_COOKIE" in environ or self._direct is None:
+                response = self.chain(match.func)(request)
+            else:
+                response = self._direct(request)
         finally:
             self.finished()
         headers = [*response.items(), *(("Set-Cookie", c.output(header="")) for c in response.cookies.values())]
@@ -130,3 +161,52 @@ class GatewayFront:
                 handler = convert_exception_to_response(import_string(dotted)(handler))
             chain = self._chains[view] = handler
         return chain
+
+
+def direct_path() -> Callable[[HttpRequest], Any] | None:
+    """How a call without a cookie is answered: its view (the request's resolver_match) between
+    the hooks of the middleware in RUN, in settings.MIDDLEWARE's order, as MiddlewareMixin runs
+    them (a process_request that answers skips the view and the hooks inside it). None when a
+    middleware other than the console's is in neither RUN nor LEFT_OUT: the whole chain then."""
+    named = [dotted for dotted in settings.MIDDLEWARE if not dotted.startswith(CONSOLE_MIDDLEWARE)]
+    if any(dotted not in RUN and dotted not in LEFT_OUT for dotted in named):
+        return None
+
+    def never_called(request: HttpRequest) -> HttpResponse:
+        raise AssertionError("the direct path calls the middleware's hooks, never its get_response")
+
+    layers = [import_string(dotted)(never_called) for dotted in named if dotted in RUN]
+    before = [(at, layer.process_request) for at, layer in enumerate(layers) if hasattr(layer, "process_request")]
+    after = [(at, layer.process_response) for at, layer in enumerate(layers) if hasattr(layer, "process_response")]
+    after.reverse()
+
+    def answer(request: HttpRequest) -> HttpResponse:
+        match = request.resolver_match
+        assert match is not None  # set by GatewayFront.__call__
+        return match.func(request, *match.args, **match.kwargs)
+
+    def through(request: HttpRequest) -> Any:
+        # As the chain's layers, each inside Django's convert_exception_to_response: a hook that
+        # raises is answered at its layer, and only the layers outside it see that answer.
+        depth, response = len(layers), None
+        for at, process_request in before:
+            try:
+                response = process_request(request)
+            except Exception as exc:
+                depth, response = at, response_for_exception(request, exc)
+                break
+            if response is not None:
+                depth = at + 1  # this middleware's response hook and those outside it
+                break
+        if response is None:
+            response = answered(request)
+        for at, process_response in after:
+            if at < depth:
+                try:
+                    response = process_response(request, response)
+                except Exception as exc:
+                    response = response_for_exception(request, exc)
+        return response
+
+    answered = convert_exception_to_response(answer)
+    return through

@@ -131,6 +131,30 @@ class Service:
 
     def command(self) -> list[str]:
         """The command line that `serve` runs: uvicorn's, or gunicorn's."""
+        if self.server == "granian":
+            # No gunicorn hooks here: its workers' Prometheus files go to a directory of our own.
+            metrics = Path(self.directory.name) / "metrics"
+            metrics.mkdir(exist_ok=True)
+            self.env.setdefault("PROMETHEUS_MULTIPROC_DIR", str(metrics))
+            return [
+                sys.executable,
+                "-m",
+                "granian",
+                "--interface",
+                "wsgi",
+                self.app.replace(".wsgi", ".wsgi:application") if ":" not in self.app else self.app,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                str(self.workers),
+                "--blocking-threads",
+                str(self.threads),
+                "--no-ws",
+                "--log-level",
+                "warning",
+            ]
         if self.server == "uvicorn":
             return [
                 sys.executable,

@@ -16,7 +16,7 @@ from django.core.signals import request_finished, request_started
 from django.db import DatabaseError, close_old_connections
 
 from core.stores.memory import MemoryStore
-from limiter_admin.gateway_front import GatewayFront
+from limiter_admin.gateway_front import LEFT_OUT, RUN, GatewayFront, direct_path
 from policies.compile import PolicyCache, install_policy_cache
 from policies.services import decisions
 
@@ -197,6 +197,56 @@ def test_a_failure_in_the_view_is_answered_as_djangos_handler_answers_it(both, t
     plain, fronted, served = both(post("/api/v1/decisions", {"keys": KEYS}, tokens["decide"]))
     assert served and fronted == plain
     assert plain[0].startswith(status) and json.loads(plain[2])["error"]["code"]
+
+
+def test_a_call_without_a_cookie_skips_the_chain_with_this_projects_middleware(settings):
+    # Every middleware of settings.MIDDLEWARE is the console's, or in RUN or LEFT_OUT: a
+    # middleware added to neither would send every gateway call through the whole chain.
+    assert direct_path() is not None
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "django.middleware.locale.LocaleMiddleware"]
+    assert direct_path() is None
+    assert not set(RUN) & set(LEFT_OUT)
+
+
+# Settings under which a middleware of RUN answers, or adds to the answer, by itself.
+MIDDLEWARE_AT_WORK = {
+    "an https redirect": ({"SECURE_SSL_REDIRECT": True}, {}),
+    "an exempt path": ({"SECURE_SSL_REDIRECT": True, "SECURE_REDIRECT_EXEMPT": [r"^api/"]}, {}),
+    "HSTS over https": (
+        {"SECURE_HSTS_SECONDS": 3600, "SECURE_HSTS_PRELOAD": True, "SECURE_PROXY_SSL_HEADER": ("HTTP_X_P", "https")},
+        {"HTTP_X_P": "https"},
+    ),
+    "a refused user agent": ({"DISALLOWED_USER_AGENTS": [re.compile("curl")]}, {"HTTP_USER_AGENT": "curl/8"}),
+    "PREPEND_WWW": ({"PREPEND_WWW": True}, {}),
+    "no security header fields": (
+        {"SECURE_CONTENT_TYPE_NOSNIFF": False, "SECURE_REFERRER_POLICY": None, "X_FRAME_OPTIONS": "SAMEORIGIN"},
+        {},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", MIDDLEWARE_AT_WORK)
+def test_the_middleware_that_acts_on_a_gateways_call_acts_as_in_the_chain(tokens, afresh, settings, case):
+    changed, headers = MIDDLEWARE_AT_WORK[case]
+    settings.ALLOWED_HOSTS = ["localhost", "www.localhost"]
+    for name, value in changed.items():
+        setattr(settings, name, value)
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        django = Counting()
+        front = GatewayFront(django)  # after the settings: its middleware reads them once, as Django's
+        call = post("/api/v1/decisions", {"keys": KEYS}, tokens["decide"], **headers)
+        afresh()
+        plain = send(django, call())
+        afresh()
+        fronted = send(front, call())
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
+    assert fronted == plain
+    assert django.calls == 1, "the front handed the call to Django"
+    assert not plain[0].startswith("200") or case in ("an exempt path", "HSTS over https", "no security header fields")
 
 
 @pytest.mark.django_db(transaction=True)
