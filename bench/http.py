@@ -614,7 +614,7 @@ WORKER_CLASSES = {
     "gthread": ("gthread", "limiter_admin.wsgi"),
     "uvicorn": ("uvicorn_worker.UvicornWorker", "limiter_admin.asgi:application"),
     "asgi": ("gunicorn.workers.gasgi.ASGIWorker", "limiter_admin.asgi:application"),
-    "granian": ("granian", "limiter_admin.wsgi:application"),
+    "granian": ("granian", "limiter_admin.gateway_wsgi:application"),
 }
 AS_CONFIGURED = "as configured"  # no -k: what limiter_admin/gunicorn_conf.py says
 THREADED = ("gthread", AS_CONFIGURED, "granian")  # the classes whose --threads matter

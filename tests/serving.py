@@ -60,7 +60,9 @@ class Service:
         app: str = "limiter_admin.wsgi",
     ) -> None:
         """`root`: the checkout to serve (bench/ compares this one with another). `server`:
-        "gunicorn" (WSGI, `threads` per worker) or "uvicorn" (ASGI, one event loop a worker).
+        "gunicorn" (WSGI, `threads` per worker), "granian" (WSGI, `threads` blocking threads a
+        worker, as bin/serve serves the gateways' pool; `app` module:attribute) or "uvicorn"
+        (ASGI, one event loop a worker).
         `worker_class`: gunicorn's `-k` (None: what limiter_admin/gunicorn_conf.py says, else
         gunicorn's default); `app`: the application gunicorn loads (an ASGI worker class needs
         `limiter_admin.asgi:application`)."""
@@ -130,7 +132,8 @@ class Service:
         return other.serve()
 
     def command(self) -> list[str]:
-        """The command line that `serve` runs: uvicorn's, or gunicorn's."""
+        """The command line that `serve` runs: granian's (bin/serve's flags), uvicorn's, or
+        gunicorn's."""
         if self.server == "granian":
             # No gunicorn hooks here: its workers' Prometheus files go to a directory of our own.
             metrics = Path(self.directory.name) / "metrics"
@@ -152,6 +155,9 @@ class Service:
                 "--blocking-threads",
                 str(self.threads),
                 "--no-ws",
+                "--respawn-failed-workers",
+                "--workers-kill-timeout",
+                "5",
                 "--log-level",
                 "warning",
             ]

@@ -167,11 +167,18 @@ def test_ctrl_c_stops_within_a_second_while_gateways_hold_kept_alive_connections
     SIGQUIT inside the terminal's SIGINT, waited forever for a lock the first handler held."""
     if pools.startswith("one"):
         service, env = request.getfixturevalue("prepared_in_process"), {"GATEWAY_BIND": "", "WORKERS": "1"}
+        gateway_port = None
     else:
-        service = request.getfixturevalue("prepared")
-        env = {"GATEWAY_BIND": f"127.0.0.1:{free_port()}", "WORKERS": "2", "CONSOLE_WORKERS": "1"}
+        service, gateway_port = request.getfixturevalue("prepared"), free_port()
+        env = {"GATEWAY_BIND": f"127.0.0.1:{gateway_port}", "WORKERS": "2", "CONSOLE_WORKERS": "1"}
     serving, port = serve(service, **env)
-    gateways = [PacedGateway(port, service.token, pause) for pause in (0.2, 0.3, 0.5)]
+    ports = [port]
+    if gateway_port is not None:  # the gateways' own pool (granian) holds connections too
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not answering(gateway_port) and time.monotonic() < deadline:
+            time.sleep(0.05)  # start-up polling, not an edge under test
+        ports.append(gateway_port)
+    gateways = [PacedGateway(p, service.token, pause) for p in ports for pause in (0.2, 0.3, 0.5)]
     idle = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         for gateway in gateways:
@@ -187,8 +194,8 @@ def test_ctrl_c_stops_within_a_second_while_gateways_hold_kept_alive_connections
         log = serving.stdout.read().decode()
         assert status == 0, log
         assert took < 2, f"stopping took {took:.1f} s:\n{log}"
-        assert "SIGKILL" not in log and "[ERROR]" not in log, log
-        assert not answering(port)
+        assert "SIGKILL" not in log and "[ERROR]" not in log and "refused to gracefully stop" not in log, log
+        assert not any(answering(p) for p in ports)
     finally:
         for gateway in gateways:
             gateway.stopping.set()
@@ -199,6 +206,12 @@ def test_ctrl_c_stops_within_a_second_while_gateways_hold_kept_alive_connections
     for gateway in gateways:
         gateway.join(10)
         assert gateway.answers and set(gateway.answers) == {200}
+        if gateway.port == gateway_port:
+            # granian closes a kept-alive connection between two requests when it stops, without
+            # a "Connection: close" first: the next request fails on the closed connection, and
+            # the gateway retries once on a new one (docs/OPERATIONS.md).
+            assert gateway.failure is None or isinstance(gateway.failure, ConnectionError), gateway.failure
+            continue
         # A request failed only on a new connection, opened because the last answer said
         # "Connection: close" (refused, or reset from the backlog of a worker on its way out),
         # never on a connection the server had said it would keep.

@@ -1,6 +1,6 @@
 """End to end: a gateway keeps one connection open for its decisions (keep-alive), through
 real gunicorn served as `make run` serves it (limiter_admin/gunicorn_conf.py, 4 workers of 8
-threads on a real Redis)."""
+threads on a real Redis), and through granian as bin/serve serves the gateways' own pool."""
 
 import http.client
 import json
@@ -18,12 +18,22 @@ POLICY = {
 DECISIONS = 200
 
 
-def test_200_decisions_are_answered_on_one_connection_that_the_server_never_closes(redis_url):
+# gunicorn as limiter_admin/gunicorn_conf.py configures it (the console's pool, and the one
+# pool without Redis), and granian as bin/serve serves the gateways' own pool.
+SERVERS = {
+    "gunicorn": {},
+    "granian": {"server": "granian", "app": "limiter_admin.gateway_wsgi:application"},
+}
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_200_decisions_are_answered_on_one_connection_that_the_server_never_closes(redis_url, server):
     from tests.serving import Service
 
     # A patient store, as tests/api/test_gunicorn.py: a slow reply on a busy host is not
     # what this counts.
-    with Service(POLICY, redis_url=redis_url, workers=4, extra_env={"LIMITER_STORE_TIMEOUT": "1.0"}) as service:
+    extra = {"LIMITER_STORE_TIMEOUT": "1.0"}
+    with Service(POLICY, redis_url=redis_url, workers=4, extra_env=extra, **SERVERS[server]) as service:
         headers = {"Authorization": f"Bearer {service.token}", "Content-Type": "application/json"}
         connection = http.client.HTTPConnection("127.0.0.1", service.port, timeout=10)
         connection.connect()

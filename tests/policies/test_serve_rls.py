@@ -67,6 +67,49 @@ def test_gunicorn_serves_grpc_and_rest_from_one_in_process_store_and_one_ctrl_c_
         assert not listening(rls) and not listening(service.port)
 
 
+def test_the_gateways_granian_pool_serves_grpc_from_every_worker_beside_rest(redis_url):
+    """bin/serve's gateways' pool (limiter_admin/gateway_wsgi.py under granian): each worker
+    serves gRPC on RLS_BIND beside the REST API, on the one Redis store, and stops it."""
+    rls = free_port()
+    extra = {"RLS_BIND": f"127.0.0.1:{rls}", "LIMITER_STORE_TIMEOUT": "1.0"}
+    app = "limiter_admin.gateway_wsgi:application"
+    with Service(
+        team_policy(40), redis_url=redis_url, workers=2, extra_env=extra, server="granian", app=app
+    ) as service:
+        workers = service.worker_pids()
+        assert len(workers) == 2
+        serving = [pid for pid in workers if _listens(pid, rls)]
+        assert sorted(serving) == sorted(workers), "a worker does not serve gRPC"
+        assert should_rate_limit(rls, service.token, hits=30).overall_code == Response.OK
+        status, body = service.post("/api/v1/decisions", {"keys": {"team": "t1"}, "cost": 8})
+        assert status == 200 and body["allowed"] and body["remaining"] == 2
+        assert should_rate_limit(rls, service.token, hits=3).overall_code == Response.OVER_LIMIT
+        assert should_rate_limit(rls, service.token, hits=2).overall_code == Response.OK
+        # As bin/serve stops it: one SIGINT to granian's main process, which stops its workers.
+        os.kill(service.process.pid, signal.SIGINT)
+        assert service.process.wait(15) == 0
+        assert not listening(rls) and not listening(service.port)
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process `pid` holds a socket listening on `port` (its own, SO_REUSEPORT)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port and fields[9] in inodes:
+                    return True
+    return False
+
+
 def test_an_empty_rls_bind_serves_no_grpc():
     rls = free_port()
     with Service(team_policy(6), extra_env={"RLS_BIND": ""}) as service:
