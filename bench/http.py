@@ -647,6 +647,8 @@ def serve(args, url: str, root: str = ROOT, worker_class: str = AS_CONFIGURED, t
     from tests.serving import Service
 
     kind, app = WORKER_CLASSES.get(worker_class, (None, "limiter_admin.wsgi"))
+    if kind == "granian" and not os.path.exists(os.path.join(root, "limiter_admin", "gateway_wsgi.py")):
+        app = "limiter_admin.wsgi:application"  # a tree from before the gateways' pool was granian's
     return Service(
         POLICY,
         redis_url=url,
