@@ -23,7 +23,8 @@ from django.conf import settings
 # decision over a kept-alive connection costs about half the server CPU of one on a new
 # connection. sync closes each connection and uvicorn (Django's ASGI handler) cost 2.4x and 3.1x
 # gthread's CPU per decision (docs/BENCHMARKS.md, "The decision path (issue 22)"). `--threads`
-# or `-k` on the command line still wins.
+# or `-k` on the command line still wins. The gateways' own pool (bin/serve with Redis) is
+# granian's instead (limiter_admin/gateway_wsgi.py): about 1.6x gthread's decisions per core.
 worker_class = "gthread"
 threads = 8
 

@@ -134,6 +134,8 @@ class Service:
     def command(self) -> list[str]:
         """The command line that `serve` runs: granian's (bin/serve's flags), uvicorn's, or
         gunicorn's."""
+        # Where granian and uvicorn listen, and how many workers they start, in their words.
+        listening = ["--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)]
         if self.server == "granian":
             # No gunicorn hooks here: its workers' Prometheus files go to a directory of our own.
             metrics = Path(self.directory.name) / "metrics"
@@ -146,12 +148,7 @@ class Service:
                 "--interface",
                 "wsgi",
                 self.app.replace(".wsgi", ".wsgi:application") if ":" not in self.app else self.app,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--workers",
-                str(self.workers),
+                *listening,
                 "--blocking-threads",
                 str(self.threads),
                 "--no-ws",
@@ -167,12 +164,7 @@ class Service:
                 "-m",
                 "uvicorn",
                 "limiter_admin.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--workers",
-                str(self.workers),
+                *listening,
                 "--no-access-log",
             ]
         # gunicorn turns `sync` with more than one thread into gthread, even when asked for by
