@@ -450,16 +450,17 @@ def load(
     if failures:
         raise SystemExit(f"{len(failures)} load threads failed: {failures[0]}")
     found = summarise([(tallies, cpu) for tallies, cpu, _ in results], used, idle, per_request, args)
+    return with_server_figures(found, calls0, calls1, flushed, used, rate, fresh)
+
+
+def with_server_figures(found: dict, calls0, calls1, flushed: float, used: dict[str, Usage], rate, fresh) -> dict:
+    """`found` and the run's Redis commands per answer, its rate and connections, and the
+    flushing threads' share of the server's CPU (`flushed` CPU seconds)."""
     found["redis_calls"] = tuple((b - a) / found["answers"] for a, b in zip(calls0, calls1))
     found["rate"], found["fresh"] = rate, fresh
-    found["flush_share"] = flush_share(flushed, used)
-    return found
-
-
-def flush_share(flushed: float, used: dict[str, Usage]) -> float:
-    """The flushing threads' share of the server's CPU in a run."""
     server = used["gunicorn"].user + used["gunicorn"].system
-    return flushed / server if server else 0.0
+    found["flush_share"] = flushed / server if server else 0.0
+    return found
 
 
 # --client wrk: the closed loop by wrk (Debian's `wrk`), --client-processes threads and
@@ -553,19 +554,9 @@ def load_by_wrk(port: int, requests: list[bytes], per_request: int, args, server
         "errors": errors,
         "reconnects": 0,
         "late": 0,
-        "cpu_us": {name: 1e6 * (u.user + u.system) / answers for name, u in used.items()},
-        "gunicorn_system": used["gunicorn"].system / ((used["gunicorn"].user + used["gunicorn"].system) or 1),
-        "switches": used["gunicorn"].switches / answers,
-        "idle": idle / (os.cpu_count() * seconds),
     }
-    found["cpu_us"]["load generator"] = 1e6 * client / answers
-    busy = os.cpu_count() * seconds - idle
-    ours = sum(u.user + u.system for u in used.values()) + client
-    found["other_cores"] = max(0.0, busy - ours) / seconds
-    found["redis_calls"] = tuple((b - a) / answers for a, b in zip(calls0, calls1))
-    found["rate"], found["fresh"] = None, False
-    found["flush_share"] = flush_share(flushed, used)
-    return found
+    found.update(machine_figures(used, idle, client, answers, seconds))
+    return with_server_figures(found, calls0, calls1, flushed, used, None, False)
 
 
 def summarise(results, used: dict[str, Usage], idle: float, per_request: int, args) -> dict:
@@ -587,18 +578,27 @@ def summarise(results, used: dict[str, Usage], idle: float, per_request: int, ar
         "errors": sum(tally.errors for tally in tallies),
         "reconnects": sum(tally.reconnects for tally in tallies),
         "late": sum(tally.late for tally in tallies),
+    }
+    found.update(machine_figures(used, idle, sum(cpu for _, cpu in results), answers, args.duration))
+    return found
+
+
+def machine_figures(used: dict[str, Usage], idle: float, client: float, answers: int, seconds: float) -> dict:
+    """What a run's `answers` cost the machine in `seconds`: CPU per answer of each server and
+    of the load generator (`client` CPU seconds), gunicorn's system share and switches, the
+    idle share, and the cores that other processes took."""
+    found = {
         "cpu_us": {name: 1e6 * (u.user + u.system) / answers for name, u in used.items()},
         "gunicorn_system": used["gunicorn"].system / ((used["gunicorn"].user + used["gunicorn"].system) or 1),
         "switches": used["gunicorn"].switches / answers,
-        "idle": idle / (os.cpu_count() * args.duration),
+        "idle": idle / (os.cpu_count() * seconds),
     }
-    client = sum(cpu for _, cpu in results)
     found["cpu_us"]["load generator"] = 1e6 * client / answers
     # Whatever else ran meanwhile (other people's jobs on a shared machine): busy time that
     # none of our processes accounts for, in cores.
-    busy = os.cpu_count() * args.duration - idle
+    busy = os.cpu_count() * seconds - idle
     ours = sum(u.user + u.system for u in used.values()) + client
-    found["other_cores"] = max(0.0, busy - ours) / args.duration
+    found["other_cores"] = max(0.0, busy - ours) / seconds
     return found
 
 
@@ -1143,6 +1143,7 @@ def ablations() -> dict[str, list[tuple[object, dict]]]:
     """name -> the (object, {attribute: stand-in}) patches that take one step out of a
     decision on the gateway path (GatewayView.dispatch and caller, DecisionView.answer,
     policies.services.decisions.ask): the view answers as before, minus that work."""
+    from limiter_admin import gateway_front
     from limiter_admin.gateway_front import GatewayFront
     from policies.api import decisions as views
     from policies.api import gateway
@@ -1171,9 +1172,6 @@ def ablations() -> dict[str, list[tuple[object, dict]]]:
     while not isinstance(front, GatewayFront):
         front = front.application  # inside ChunkedBodies
 
-    def bare_chain(self, view):
-        return lambda request: view(request, *request.resolver_match.args, **request.resolver_match.kwargs)
-
     steps = {
         "token authentication (bearer_identity)": [(gateway, {"bearer_identity": lambda header: identity})],
         "body: read + json.loads (read_json)": [(gateway, {"read_json": lambda request: {"keys": some_keys}})],
@@ -1187,8 +1185,8 @@ def ablations() -> dict[str, list[tuple[object, dict]]]:
         ],
         "RateLimit headers (decision_headers)": [(views, {"decision_headers": lambda *a: {}})],
         "timing: limiter_decision_seconds (observe_seconds)": [(gateway, {"observe_seconds": lambda e, s: None})],
-        "middleware around the view (GatewayFront.chain)": [(GatewayFront, {"chain": bare_chain})],
-        "(negative) the whole middleware chain, not the direct path": [(front, {"_direct": None})],
+        "middleware around the view (the front's direct path)": [(front, {"_direct": gateway_front.answer})],
+        "(negative) the whole middleware chain, not the direct path": [(front, {"_direct": front._chain})],
     }
     steps["all of the above"] = [patch for patches in steps.values() for patch in patches]
     return steps
@@ -1456,7 +1454,7 @@ def parse_args():
     if args.client == "wrk" and shutil.which("wrk") is None:
         parser.error("--client wrk needs wrk on the PATH (Debian: apt-get install wrk)")
     if "granian" in args.worker_class and importlib.util.find_spec("granian") is None:
-        parser.error("--worker-class granian needs granian (requirements-dev.txt: make venv)")
+        parser.error("--worker-class granian needs granian (requirements.txt: make venv)")
     args.rate = [float(r) for r in args.rate.split(",") if r.strip()]
     args.open_rounds = args.rounds if args.open_rounds is None else args.open_rounds
     if not args.rounds and not args.rate and args.profile != "always":

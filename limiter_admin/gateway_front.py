@@ -83,9 +83,11 @@ class GatewayFront:
 
     def __init__(self, application: Callable[..., Iterable[bytes]]) -> None:
         self.application = application
-        self._chains: dict[Callable[..., Any], Callable[[HttpRequest], Any]] = {}
         self._resolved: dict[str, ResolverMatch | None] = {}
-        self._direct = direct_path()
+        # How a gateway view's answer is wrapped: in the whole chain, and (a call without a
+        # cookie) in the middleware's hooks alone, or the whole chain when direct_path says no.
+        self._chain = whole_chain()
+        self._direct = direct_path() or self._chain
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
@@ -99,10 +101,7 @@ class GatewayFront:
             return self.application(environ, start_response)
         request.resolver_match = match
         try:
-            if "HTTP_COOKIE" in environ or self._direct is None:
-                response = self.chain(match.func)(request)
-            else:
-                response = self._direct(request)
+            response = (self._chain if "HTTP_COOKIE" in environ else self._direct)(request)
         finally:
             self.finished()
         headers = [*response.items(), *(("Set-Cookie", c.output(header="")) for c in response.cookies.values())]
@@ -143,24 +142,23 @@ class GatewayFront:
             return False
         return True
 
-    def chain(self, view: Callable[..., Any]) -> Callable[[HttpRequest], Any]:
-        """`view` inside the middleware that is not the console's, as Django's handler builds
-        the chain (BaseHandler.load_middleware, for the middleware used here: they hook no view)."""
-        chain = self._chains.get(view)
-        if chain is None:
 
-            def answer(request: HttpRequest) -> HttpResponse:
-                match = request.resolver_match
-                assert match is not None  # set by __call__
-                return view(request, *match.args, **match.kwargs)
+def answer(request: HttpRequest) -> HttpResponse:
+    """The gateway view that GatewayFront resolved for `request` (its resolver_match), called."""
+    match = request.resolver_match
+    assert match is not None  # set by GatewayFront.__call__
+    return match.func(request, *match.args, **match.kwargs)
 
-            handler = convert_exception_to_response(answer)
-            for dotted in reversed(settings.MIDDLEWARE):
-                if dotted.startswith(CONSOLE_MIDDLEWARE):
-                    continue
-                handler = convert_exception_to_response(import_string(dotted)(handler))
-            chain = self._chains[view] = handler
-        return chain
+
+def whole_chain() -> Callable[[HttpRequest], Any]:
+    """`answer` inside the middleware that is not the console's, as Django's handler builds the
+    chain (BaseHandler.load_middleware, for the middleware used here: they hook no view)."""
+    handler = convert_exception_to_response(answer)
+    for dotted in reversed(settings.MIDDLEWARE):
+        if dotted.startswith(CONSOLE_MIDDLEWARE):
+            continue
+        handler = convert_exception_to_response(import_string(dotted)(handler))
+    return handler
 
 
 def direct_path() -> Callable[[HttpRequest], Any] | None:
@@ -179,11 +177,6 @@ def direct_path() -> Callable[[HttpRequest], Any] | None:
     before = [(at, layer.process_request) for at, layer in enumerate(layers) if hasattr(layer, "process_request")]
     after = [(at, layer.process_response) for at, layer in enumerate(layers) if hasattr(layer, "process_response")]
     after.reverse()
-
-    def answer(request: HttpRequest) -> HttpResponse:
-        match = request.resolver_match
-        assert match is not None  # set by GatewayFront.__call__
-        return match.func(request, *match.args, **match.kwargs)
 
     def through(request: HttpRequest) -> Any:
         # As the chain's layers, each inside Django's convert_exception_to_response: a hook that
