@@ -36,15 +36,19 @@ def env_str(name, default=None):
     return os.environ.get(name) or default
 
 
-def env_int(name, default):
-    """The whole number in `name`, or `default` when it is unset or empty."""
+def env_int(name, default, minimum=None):
+    """The whole number in `name`, or `default` when it is unset or empty; one below `minimum`
+    (when given) is refused."""
     raw = os.environ.get(name)
     if not raw:
         return default
     try:
-        return int(raw.strip())
+        value = int(raw.strip())
     except ValueError:
         raise ImproperlyConfigured(f"{name}={raw!r}: expected a whole number") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={raw!r}: expected a whole number from {minimum}")
+    return value
 
 
 def env_json(name, default):

@@ -162,6 +162,10 @@ LIMITER_USAGE_HOUR_DAYS = float(env_str("LIMITER_USAGE_HOUR_DAYS") or "30")
 # The most recent decision requests kept for the what-if replay (0: none recorded, at no cost);
 # in the statistics' Redis when REDIS_URL is set, else in the process. docs/OPERATIONS.md.
 LIMITER_RECORD_LIMIT = int(env_str("LIMITER_RECORD_LIMIT") or "200000")
+# A serving process freezes its heap (gc.freeze) after this many requests, so that the garbage
+# collector's full collections skip what lives as long as the process (0: never);
+# limiter_admin/warm_heap.py, docs/OPERATIONS.md.
+LIMITER_GC_FREEZE_AFTER = env_int("LIMITER_GC_FREEZE_AFTER", 1000, minimum=0)
 # What-if replays (POST /api/v1/whatif, Preview impact, manage.py whatif) run in processes of
 # their own: this many at once in the whole deployment, this many more waiting in each worker,
 # each stopped after this many seconds; a draft names at most so many tenants and rules.
