@@ -3,6 +3,7 @@
 
 import gc
 import runpy
+import sys
 import threading
 from pathlib import Path
 
@@ -82,6 +83,14 @@ def test_the_served_application_freezes_after_the_setting():
 
     assert isinstance(application, FreezeWhenWarm)
     assert application.after == settings.LIMITER_GC_FREEZE_AFTER == 1000
+
+
+def test_a_serving_process_switches_threads_every_millisecond():
+    # Imported here, as above.
+    from limiter_admin.wsgi import SWITCH_INTERVAL
+
+    assert SWITCH_INTERVAL == 0.001
+    assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL)
 
 
 @pytest.mark.parametrize("raw", ["-1", "soon"])
