@@ -387,17 +387,24 @@ def flush_cpu(port: int) -> float:
     )
 
 
-def redis_calls(client) -> tuple[int, int]:
-    """(script calls, all commands) the redis-server has run so far, INFO itself left out.
-    A decision's round trip is its script call (FCALL, or EVALSHA before Redis functions); all
-    commands also count those a script runs inside (a 3-level decision: TIME, 3 GETs, 3 SETs)
-    and those the workers' flushing threads send in pipelines (statistics, decision records)."""
+SCRIPT_COMMANDS = ("cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval")
+
+
+def redis_calls(client) -> tuple[int, int, int]:
+    """(script calls, all commands, us spent running scripts) of the redis-server so far, INFO
+    itself left out. A decision's round trip is its script call (FCALL, or EVALSHA before Redis
+    functions); all commands also count those a script runs inside (a 3-level decision: TIME,
+    3 GETs, 3 SETs) and those the workers' flushing threads send in pipelines (statistics,
+    decision records). The scripts' time (INFO commandstats' usec) against redis-server's CPU
+    tells what a decision's script costs Redis and what the rest does (reading and writing its
+    sockets, the flushers' commands)."""
     if client is None:
-        return 0, 0
+        return 0, 0, 0
     stats = client.info("commandstats")
-    scripts = sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("fcall", "evalsha", "eval"))
+    scripts = sum(stats.get(name, {}).get("calls", 0) for name in SCRIPT_COMMANDS)
     every = sum(value.get("calls", 0) for name, value in stats.items() if name != "cmdstat_info")
-    return scripts, every
+    in_scripts = sum(stats.get(name, {}).get("usec", 0) for name in SCRIPT_COMMANDS)
+    return scripts, every, in_scripts
 
 
 def load(
@@ -767,10 +774,9 @@ def bench(args) -> None:
 HEADER = (
     f"{'round':>5} {'endpoint':22} {'req/s':>8} {'decisions/s':>12} {'p50 ms':>7} {'p99 ms':>7} "
     f"{'max ms':>7} {'allowed':>8} {'degraded':>8} {'errors':>6} | CPU us per request: gunicorn (system share, "
-    f"context switches), redis-server, load generator | Redis per request: script calls / all commands, "
-    f"those run inside scripts and by the flushers included | the flushing threads' share of the "
-    f"server's CPU | idle | "
-    f"other processes"
+    f"context switches), redis-server (of which running scripts), load generator | Redis per "
+    f"request: script calls / all commands, those run inside scripts and by the flushers "
+    f"included | the flushing threads' share of the server's CPU | idle | other processes"
 )
 
 
@@ -778,14 +784,15 @@ def print_run(number, endpoint: str, found: dict) -> None:
     cpu = found["cpu_us"]
     decides = found["decisions_s"] > 0
     allowed = f"{found['allowed']:8.1%} {found['degraded']:8.1%}" if decides else f"{'-':>8} {'-':>8}"
-    scripts, every = found.get("redis_calls", (0.0, 0.0))
+    scripts, every, in_scripts = found.get("redis_calls", (0.0, 0.0, 0.0))
     paced = f" at {found['rate']:,.0f}/s" if found.get("rate") else ""
     late = f", {found['late']} late" if found.get("late") else ""
     print(
         f"{number:>5} {endpoint + paced:22} {found['requests_s']:8,.0f} {found['decisions_s']:12,.0f} "
         f"{found['p50_ms']:7.2f} {found['p99_ms']:7.2f} {found['max_ms']:7.1f} {allowed} "
         f"{found['errors']:6} | {cpu['gunicorn']:6,.0f} ({found['gunicorn_system']:.0%} sys, "
-        f"{found['switches']:.1f} sw), {cpu['redis-server']:4,.0f}, {cpu['load generator']:3,.0f} | "
+        f"{found['switches']:.1f} sw), {cpu['redis-server']:4,.0f} ({in_scripts:.0f} in scripts), "
+        f"{cpu['load generator']:3,.0f} | "
         f"{scripts:.2f} / {every:.2f} | {found.get('flush_share', 0):4.1%} | {found['idle']:3.0%} | "
         f"{found['other_cores']:.2f} cores{late}",
         flush=True,
@@ -823,7 +830,7 @@ def report(rounds: list[dict], args, contender: Contender | None = None) -> dict
     print(
         f"{'endpoint':9} {'req/s':>8} {'decisions/s':>12} {'p50 ms':>7} {'p99 ms':>7} {'allowed':>8} "
         f"{'CPU us/req: gunicorn':>21} {'all three':>10} {'decisions/server CPU-s':>23} {'scripts/req':>11} "
-        f"{'flushers':>8}"
+        f"{'flushers':>8} {'redis us/req (scripts)':>22}"
     )
     for endpoint in endpoints:
         cpu = statistics.median(found[endpoint]["cpu_us"]["gunicorn"] for found in rounds)
@@ -832,12 +839,15 @@ def report(rounds: list[dict], args, contender: Contender | None = None) -> dict
             for found in rounds
         )
         scripts = statistics.median(found[endpoint]["redis_calls"][0] for found in rounds)
+        redis_us = statistics.median(found[endpoint]["cpu_us"]["redis-server"] for found in rounds)
+        in_scripts = statistics.median(found[endpoint]["redis_calls"][2] for found in rounds)
         print(
             f"{endpoint:9} {median(rounds, endpoint, 'requests_s'):8,.0f} "
             f"{median(rounds, endpoint, 'decisions_s'):12,.0f} {median(rounds, endpoint, 'p50_ms'):7.2f} "
             f"{median(rounds, endpoint, 'p99_ms'):7.2f} {median(rounds, endpoint, 'allowed'):8.1%} {cpu:21,.0f} "
             f"{statistics.median(machine_us(found[endpoint]) for found in rounds):10,.0f} "
-            f"{per_cpu:23,.0f} {scripts:11.2f} {median(rounds, endpoint, 'flush_share'):8.1%}"
+            f"{per_cpu:23,.0f} {scripts:11.2f} {median(rounds, endpoint, 'flush_share'):8.1%} "
+            f"{redis_us:15,.0f} ({in_scripts:4.0f})"
         )
     degraded = max(found[endpoint]["degraded"] for found in rounds for endpoint in endpoints)
     if degraded:
