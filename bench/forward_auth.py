@@ -9,7 +9,12 @@ measured side by side with its peer in the same run, in interleaved rounds:
   same decision, answered by status (forward-auth, as nginx's auth_request asks).
 
 Run: .venv/bin/python bench/forward_auth.py [--duration S] [--connections N] [--workers W]
-     [--threads T] [--rounds R] [--endpoints healthz,decision,authz]
+     [--threads T] [--rounds R] [--endpoints healthz,decision,authz] [--worker-class granian]
+     [--rate 500,1000,2000 [--open-rounds K]]
+
+`--rate`: after the closed loop (`--rounds 0`: none), open-loop runs at each rate, as
+bench/http.py's: requests due at fixed times whatever the answers, each latency counted from
+when it was due, and what authz and the decision add to /healthz's p50 and p99 at that rate.
 
 The load generator, the policy (1,000 users in 50 teams, limits out of reach), the service and
 the CPU accounting are bench/http.py's. The MEDIAN round counts; every round is printed.
@@ -30,15 +35,19 @@ elif ROOT not in sys.path:
 import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
+import types  # noqa: E402
 
 from bench.http import (  # noqa: E402
+    AS_CONFIGURED,
     HEADER,
     USERS,
+    WORKER_CLASSES,
     Connection,
     keys_of,
     load,
     machine_us,
     print_run,
+    report_open,
     serve,
     spread,
     verdict,
@@ -48,6 +57,8 @@ PEER = "healthz"
 # What each endpoint must make of the peer's requests/s (authz: at least 0.7x; decision: not
 # below the ratio measured before the gateway request path, docs/BENCHMARKS.md).
 TARGETS = {"authz": 0.7}
+# The one contender, as bench/http.py's open-loop report names it.
+OURS = types.SimpleNamespace(label="ours", endpoints=[])
 
 
 def requests_for(endpoint: str, port: int, token: str) -> list[bytes]:
@@ -80,29 +91,41 @@ def bench(args) -> None:
     from core.stores.redis import connect
 
     rounds: list[dict] = []
-    with redis_server(None) as url, serve(args, url) as service:
+    with redis_server(None) as url, serve(args, url, worker_class=args.worker_class) as service:
         port, token = service.port, service.token
         work = {endpoint: requests_for(endpoint, port, token) for endpoint in args.endpoints}
         for endpoint, requests in work.items():
             status, body = Connection(port).exchange_once(requests[0])
             if status != 200:
                 raise SystemExit(f"{endpoint}: {status} {body[:300]!r}\n{service.read_log()}")
-        redis_pid = int(connect(url).info("server")["process_id"])
+        redis = connect(url)
+        redis_pid = int(redis.info("server")["process_id"])
         servers = {"gunicorn": [service.process.pid, *service.worker_pids()], "redis-server": [redis_pid]}
         print(HEADER)
         for number in range(1, args.rounds + 1):
             found = {}
             for endpoint, requests in work.items():
-                found[endpoint] = load(port, requests, 1, args, servers)
+                found[endpoint] = load(port, requests, 1, args, servers, redis=redis)
                 print_run(number, endpoint, found[endpoint])
             rounds.append(found)
-    report(rounds, args)
+        open_loop: dict[float, list[dict]] = {}
+        for rate in args.rate:
+            for number in range(1, args.open_rounds + 1):
+                found = {}
+                for endpoint, requests in work.items():
+                    found[endpoint] = load(port, requests, 1, args, servers, rate=rate, redis=redis)
+                    print_run(number, endpoint, found[endpoint])
+                open_loop.setdefault(rate, []).append({OURS.label: found})
+    if rounds:
+        report(rounds, args)
+    if open_loop:
+        report_open(open_loop, [OURS], args)
 
 
 def report(rounds: list[dict], args) -> None:
     print(
-        f"\nmedian of {len(rounds)} interleaved rounds; {args.connections} connections; gunicorn -w "
-        f"{args.workers} --threads {args.threads}; {args.duration:g} s per run after {args.warmup:g} s "
+        f"\nmedian of {len(rounds)} interleaved rounds; {args.connections} connections; {args.worker_class}, "
+        f"-w {args.workers} --threads {args.threads}; {args.duration:g} s per run after {args.warmup:g} s "
         f"warm-up; Python {sys.version.split()[0]}, {os.cpu_count()} cores"
     )
     for endpoint in args.endpoints:
@@ -136,11 +159,34 @@ def parse_args():
     parser.add_argument("--threads", type=int, default=8, help="gunicorn --threads")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median counts")
     parser.add_argument("--endpoints", default="healthz,decision,authz", help="comma-separated, in round order")
+    parser.add_argument(
+        "--worker-class",
+        default=AS_CONFIGURED,
+        choices=[AS_CONFIGURED, *WORKER_CLASSES],
+        help="as bench/http.py's (granian: the gateways' pool of `make run` with Redis)",
+    )
+    parser.add_argument(
+        "--client", choices=("python", "wrk"), default="python", help="the closed loop's, as bench/http.py's"
+    )
+    parser.add_argument("--rate", default="", help="open loop: comma-separated requests/s, after the closed loop")
+    parser.add_argument("--open-rounds", type=int, default=3, help="rounds at each --rate")
     args = parser.parse_args()
     args.endpoints = [e.strip() for e in args.endpoints.split(",") if e.strip()]
     unknown = set(args.endpoints) - {"healthz", "decision", "authz"}
     if unknown:
         parser.error(f"unknown endpoints {sorted(unknown)}")
+    try:
+        args.rate = [float(r) for r in args.rate.split(",") if r.strip()]
+    except ValueError:
+        parser.error(f"--rate: comma-separated requests per second, not {args.rate!r}")
+    if any(r <= 0 for r in args.rate):
+        parser.error("--rate: each rate must be above 0")
+    if args.rounds < 0 or args.open_rounds < 1:
+        parser.error("--rounds must be at least 0 and --open-rounds at least 1")
+    if not args.rounds and not args.rate:
+        parser.error("nothing to run: --rounds 0 and no --rate")
+    args.no_keepalive = False  # bench/http.py's open-loop report asks
+    OURS.endpoints = args.endpoints
     return args
 
 
