@@ -40,12 +40,14 @@ import types  # noqa: E402
 from bench.http import (  # noqa: E402
     AS_CONFIGURED,
     HEADER,
+    PATIENT,
     USERS,
     WORKER_CLASSES,
     Connection,
     keys_of,
     load,
     machine_us,
+    parse_rates,
     print_run,
     report_open,
     serve,
@@ -57,8 +59,6 @@ PEER = "healthz"
 # What each endpoint must make of the peer's requests/s (authz: at least 0.7x; decision: not
 # below the ratio measured before the gateway request path, docs/BENCHMARKS.md).
 TARGETS = {"authz": 0.7}
-# The one contender, as bench/http.py's open-loop report names it.
-OURS = types.SimpleNamespace(label="ours", endpoints=[])
 
 
 def requests_for(endpoint: str, port: int, token: str) -> list[bytes]:
@@ -98,28 +98,27 @@ def bench(args) -> None:
             status, body = Connection(port).exchange_once(requests[0])
             if status != 200:
                 raise SystemExit(f"{endpoint}: {status} {body[:300]!r}\n{service.read_log()}")
-        redis = connect(url)
+        redis = connect(url, PATIENT)
         redis_pid = int(redis.info("server")["process_id"])
         servers = {"gunicorn": [service.process.pid, *service.worker_pids()], "redis-server": [redis_pid]}
         print(HEADER)
-        for number in range(1, args.rounds + 1):
-            found = {}
-            for endpoint, requests in work.items():
-                found[endpoint] = load(port, requests, 1, args, servers, redis=redis)
-                print_run(number, endpoint, found[endpoint])
-            rounds.append(found)
-        open_loop: dict[float, list[dict]] = {}
-        for rate in args.rate:
-            for number in range(1, args.open_rounds + 1):
+        # As bench/http.py's rounds: the closed loop, then each --rate, open.
+        ours = types.SimpleNamespace(label="ours", endpoints=args.endpoints)
+        open_loop: dict[float, list[dict]] = {rate: [] for rate in args.rate}
+        for rate in ([None] if args.rounds else []) + args.rate:
+            for number in range(1, (args.rounds if rate is None else args.open_rounds) + 1):
                 found = {}
                 for endpoint, requests in work.items():
                     found[endpoint] = load(port, requests, 1, args, servers, rate=rate, redis=redis)
                     print_run(number, endpoint, found[endpoint])
-                open_loop.setdefault(rate, []).append({OURS.label: found})
+                if rate is None:
+                    rounds.append(found)
+                else:
+                    open_loop[rate].append({ours.label: found})
     if rounds:
         report(rounds, args)
-    if open_loop:
-        report_open(open_loop, [OURS], args)
+    if args.rate:
+        report_open(open_loop, [ours], args)
 
 
 def report(rounds: list[dict], args) -> None:
@@ -175,18 +174,11 @@ def parse_args():
     unknown = set(args.endpoints) - {"healthz", "decision", "authz"}
     if unknown:
         parser.error(f"unknown endpoints {sorted(unknown)}")
-    try:
-        args.rate = [float(r) for r in args.rate.split(",") if r.strip()]
-    except ValueError:
-        parser.error(f"--rate: comma-separated requests per second, not {args.rate!r}")
-    if any(r <= 0 for r in args.rate):
-        parser.error("--rate: each rate must be above 0")
+    args.rate = parse_rates(parser, args.rate)
     if args.rounds < 0 or args.open_rounds < 1:
         parser.error("--rounds must be at least 0 and --open-rounds at least 1")
     if not args.rounds and not args.rate:
         parser.error("nothing to run: --rounds 0 and no --rate")
-    args.no_keepalive = False  # bench/http.py's open-loop report asks
-    OURS.endpoints = args.endpoints
     return args
 
 

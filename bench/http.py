@@ -954,9 +954,10 @@ def against(rounds: list[dict], entrants: list[Contender], args) -> None:
 def report_open(open_loop: dict[float, list[dict]], entrants: list[Contender], args) -> None:
     """Open loop: p50 and p99 of each endpoint at each rate, and what a decision adds to the
     peer's (/healthz, else the first endpoint) at the same rate, round by round."""
+    fresh = getattr(args, "no_keepalive", False)  # bench/forward_auth.py's runs are kept alive
     print(
         f"\nopen loop: requests sent at a fixed rate over {args.connections} "
-        f"{'new connections a request' if args.no_keepalive else 'keep-alive connections'}, each latency "
+        f"{'new connections a request' if fresh else 'keep-alive connections'}, each latency "
         f"counted from when the request was due; median of rounds (p99 added: the median of each round's "
         f"decision p99 less its peer's)"
     )
@@ -1393,6 +1394,17 @@ def cprofile(step, n: int) -> None:
 # Main --------------------------------------------------------------------------------------
 
 
+def parse_rates(parser: argparse.ArgumentParser, text: str) -> list[float]:
+    """--rate's comma-separated requests/s, each above 0; else the parser's error (exit 2)."""
+    try:
+        rates = [float(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        parser.error(f"--rate: comma-separated requests per second, not {text!r}")
+    if any(not r > 0 for r in rates):
+        parser.error(f"--rate: each rate must be above 0, not {text!r}")
+    return rates
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per run")
@@ -1465,7 +1477,7 @@ def parse_args():
         parser.error("--client wrk needs wrk on the PATH (Debian: apt-get install wrk)")
     if "granian" in args.worker_class and importlib.util.find_spec("granian") is None:
         parser.error("--worker-class granian needs granian (requirements.txt: make venv)")
-    args.rate = [float(r) for r in args.rate.split(",") if r.strip()]
+    args.rate = parse_rates(parser, args.rate)
     args.open_rounds = args.rounds if args.open_rounds is None else args.open_rounds
     if not args.rounds and not args.rate and args.profile != "always":
         parser.error("nothing to run: --rounds 0, no --rate and no --profile always")
