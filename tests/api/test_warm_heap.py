@@ -2,7 +2,10 @@
 `after` requests, with the gc module's own freeze."""
 
 import gc
+import json
+import os
 import runpy
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -77,20 +80,31 @@ def test_threads_racing_through_the_count_never_skip_the_freeze(unfrozen):
     assert application.warm and gc.get_freeze_count() > 0
 
 
-def test_the_served_application_freezes_after_the_setting():
-    # Imported here: the WSGI module starts the alerts' evaluation when imported.
-    from limiter_admin.wsgi import application
-
-    assert isinstance(application, FreezeWhenWarm)
-    assert application.after == settings.LIMITER_GC_FREEZE_AFTER == 1000
-
-
-def test_a_serving_process_switches_threads_every_millisecond():
-    # Imported here, as above.
-    from limiter_admin.wsgi import SWITCH_INTERVAL
-
-    assert SWITCH_INTERVAL == 0.001
-    assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL)
+def test_the_served_application_freezes_after_the_setting_and_switches_threads_every_ms(tmp_path):
+    """In a process of its own: importing the WSGI module sets the interpreter's switch
+    interval and starts the alerts' evaluation, neither of which the test session may keep."""
+    script = (
+        "import json, sys\n"
+        "from django.conf import settings\n"
+        "from limiter_admin.warm_heap import FreezeWhenWarm\n"
+        "from limiter_admin.wsgi import SWITCH_INTERVAL, application\n"
+        "print(json.dumps([isinstance(application, FreezeWhenWarm), application.after,\n"
+        "    settings.LIMITER_GC_FREEZE_AFTER, SWITCH_INTERVAL, sys.getswitchinterval()]))\n"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "limiter_admin.settings",
+        "DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite3",
+        "LIMITER_GC_FREEZE_AFTER": "250",
+    }
+    env.pop("REDIS_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=settings.BASE_DIR, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    wrapped, after, setting, interval, switching = json.loads(done.stdout.splitlines()[-1])
+    assert wrapped and after == setting == 250
+    assert interval == 0.001 and switching == pytest.approx(interval)
 
 
 @pytest.mark.parametrize("raw", ["-1", "soon"])

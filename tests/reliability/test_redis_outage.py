@@ -63,12 +63,15 @@ def test_killing_redis_under_load_degrades_by_fail_mode_and_recovers_within_a_se
         disposable_redis.kill()
         killed = load.now()
         sleep_until(load, RESTART_AT)
+        # The outage ends when the new server is started, not when start() returns: it may
+        # answer the workers before our PING, on a busy host well before.
+        restarting = load.now()
         disposable_redis.start()  # returns once the new server answers PING
         restarted = load.now()
         answers = load.join()
 
     before = [a for a in answers if a.ended < killed]
-    outage = [a for a in answers if a.started >= killed and a.ended <= restarted]
+    outage = [a for a in answers if a.started >= killed and a.ended <= restarting]
     after = [a for a in answers if a.started > restarted]
     degraded_after = [a for a in after if a.body.get("degraded")]
     recovery = max((a.ended - restarted for a in degraded_after), default=0.0)
@@ -91,13 +94,14 @@ def test_killing_redis_under_load_degrades_by_fail_mode_and_recovers_within_a_se
     assert sum(a.body["allowed"] for a in before if mode_of(a) == "local" and not a.body["degraded"]) == GLOBAL_CAPACITY
 
     # During the outage, every answer is a fail mode's.
-    assert all(a.body["degraded"] for a in outage)
+    assert [(a.started, a.took, a.body) for a in outage if not a.body["degraded"]] == []
     by_mode = {mode: [a.body for a in outage if mode_of(a) == mode] for mode in MODES}
-    assert all(body["allowed"] for body in by_mode["open"])
-    assert all(
-        not body["allowed"] and body["reason"] == "STORE_UNAVAILABLE" and body["blocked_by"].startswith("team")
+    assert [body for body in by_mode["open"] if not body["allowed"]] == []
+    assert [
+        body
         for body in by_mode["closed"]
-    )
+        if body["allowed"] or body["reason"] != "STORE_UNAVAILABLE" or not body["blocked_by"].startswith("team")
+    ] == []
     # Each worker admits its own 25 % of the 40 and no more: 10 per worker that served one.
     # (Its in-process bucket never refills: counted over the whole run, blips included.)
     local_allowed = sum(a.body["allowed"] for a in answers if mode_of(a) == "local" and a.body["degraded"])
