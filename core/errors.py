@@ -24,7 +24,13 @@ class InvalidRequest(LimiterError, ValueError):
 
 
 class StoreUnavailable(LimiterError):
-    """The store could not be reached; the limiter applies each level's fail mode."""
+    """The store could not be reached; the limiter applies each level's fail mode. `sent`:
+    whether the call may have reached the store all the same (it failed on the way, or its
+    answer came too late); False when the circuit breaker refused it without a try."""
+
+    def __init__(self, message: str = "", sent: bool = True) -> None:
+        super().__init__(message)
+        self.sent = sent
 
 
 class ReservationNotFound(LimiterError, LookupError):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ from .reservations import (
 from .rules import EPSILON, Rule
 from .stores import Check, MemoryStore, Store
 from .stores.base import AsyncDecider
+from .unanswered import Unanswered
 
 # About 2 KB a plan, so at most ~40 MB; a key set beyond that costs a rebuild (~20 us).
 PLAN_CACHE_SIZE = 20_000
@@ -59,6 +61,8 @@ _NUMBER_TYPES = (int, float)
 # What a closed level tells callers to wait while the store is down: about how long the
 # circuit breaker waits before it tries the store again.
 STORE_RETRY_AFTER = 1.0
+
+_making_unanswered = threading.Lock()
 
 # A concurrency slot's lease id: this process's prefix and a counter.
 _lease_prefix: str
@@ -189,6 +193,7 @@ class HierarchicalLimiter:
         }
         self._rules_by_name = {name: rule for named in self._named_rules.values() for rule, name in named}
         self._plans: dict[str | None, dict[Any, Plan]] = {}  # by priority, then keys
+        self._unanswered: Unanswered | None = None
         check_demotions(self.levels, self.priorities)
 
     @classmethod
@@ -469,8 +474,22 @@ class HierarchicalLimiter:
             )
         except StoreUnavailable as error:
             outcome = error
+            # The store may have made it all the same (its answer came too late): cancel it
+            # once the store answers again, else its estimate would stay spent.
+            if error.sent:
+                self.unanswered.add(reservation.id, hold)
         decision = self._decision(request, outcome)
         return decision, reservation if decision.allowed and not decision.degraded else None
+
+    @property
+    def unanswered(self) -> Unanswered:
+        """The reservations whose store call failed, cancelled once the store answers again
+        (core/unanswered.py); made on first use."""
+        if self._unanswered is None:
+            with _making_unanswered:  # two threads at once must not make two
+                if self._unanswered is None:
+                    self._unanswered = Unanswered(lambda reservation_id: self.settle(reservation_id, None))
+        return self._unanswered
 
     def _record_time(self) -> float:
         """A time a record can carry: on Redis, with no clock injected, the server's (one

@@ -7,8 +7,10 @@ under `callbacks` (docs/LLM_GATEWAYS.md has the tested configuration):
 Before a call it reserves the call's estimated tokens on the keys of its team and user, so
 that concurrent calls cannot overspend a budget; a denial is LiteLLM's 429 with Retry-After.
 After the call it settles with the real usage. A failure, a timeout or a client that went
-away (asyncio.CancelledError included) cancels the reservation at once; a proxy that dies
-leaves it to the reservation's hold, which gives it back when it runs out.
+away (asyncio.CancelledError included) cancels the reservation at once. A settlement that the
+API cannot take (unreachable, or a 503 while its store is down) is tried again, with growing
+pauses, while the reservation's hold lasts. A proxy that dies leaves the reservation to its
+hold: its concurrency slot comes back when the hold runs out, and its estimate stays spent.
 
 Only imported inside a LiteLLM proxy's environment (litellm and fastapi come with
 `litellm[proxy]`); the rest of core never imports it. The settings come from the environment:
@@ -28,7 +30,7 @@ import asyncio
 import logging
 import math
 import os
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,7 +40,7 @@ from litellm.integrations.custom_logger import CustomLogger  # type: ignore[impo
 from .async_client import AsyncLimiterClient, AsyncRemoteReservation
 from .decision import Decision
 from .errors import LimiterError
-from .remote import LimiterUnavailable, RateLimited
+from .remote import LimiterAPIError, LimiterUnavailable, RateLimited
 
 log = logging.getLogger("core.litellm_hook")
 
@@ -49,6 +51,9 @@ FORGET_AFTER = 10_000
 # The request fields that cap a call's output, the larger of them counting (PR #34223: a call
 # giving both must not pass with the smaller).
 OUTPUT_CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+# A settlement the API could not take is tried again after FIRST_PAUSE seconds, the pause
+# doubling up to LONGEST_PAUSE, while the reservation's hold lasts.
+FIRST_PAUSE, LONGEST_PAUSE = 0.1, 2.0
 # Where a request names its team and priority without LiteLLM's database.
 TEAM_HEADER, PRIORITY_HEADER = "x-limiter-team", "x-limiter-priority"
 
@@ -183,20 +188,51 @@ class LimiterHook(CustomLogger):
             return
         if used is None:
             log.warning("call %s: no usage to read; settled at its estimate of %s", call_id, reservation.cost)
-        self.client.shielded(_logged(reservation.commit(used), f"call {call_id}: settling {reservation.id}"))
+        what = f"call {call_id}: settling {reservation.id}"
+        self.client.shielded(settled(reservation, lambda: reservation.commit(used), what))
 
     async def _cancel(self, call_id: Any) -> None:
+        """Cancel the call's reservation: the first try awaited (the call's answer goes once its
+        cost is back), any later one in the background."""
         reservation = self.open.pop(call_id, None) if isinstance(call_id, str) else None
         if reservation is None:
             return
-        await self.client.shielded(_logged(reservation.cancel(), f"call {call_id}: cancelling {reservation.id}"))
+        what = f"call {call_id}: cancelling {reservation.id}"
+        task = self.client.shielded(settled(reservation, reservation.cancel, what))
+        await asyncio.wait({task}, timeout=self.client.timeout)
 
 
-async def _logged(settlement: Any, what: str) -> None:
-    try:
-        await settlement
-    except LimiterError as error:
-        log.warning("%s failed: %s", what, error)
+async def settled(reservation: AsyncRemoteReservation, settle: Callable[[], Awaitable[Any]], what: str) -> None:
+    """`settle()` until the API has it: while it cannot be reached, or answers 503 (its store
+    is down), it is tried again after a pause (FIRST_PAUSE, doubled each time up to
+    LONGEST_PAUSE) as long as the reservation's hold lasts. A settlement lost would leave the
+    call charged its estimate, not its usage. A 409 after a retry is an earlier try that
+    reached the API after all; any other refusal is logged and ends it."""
+    pause, retried = FIRST_PAUSE, False
+    while True:
+        try:
+            await settle()
+            return
+        except LimiterUnavailable as error:
+            failure: LimiterError = error
+        except LimiterAPIError as error:
+            if retried and error.status == 409:
+                return
+            if error.status is None or error.status < 500:
+                log.warning("%s failed: %s", what, error)
+                return
+            failure = error
+        except LimiterError as error:
+            log.warning("%s failed: %s", what, error)
+            return
+        expires_at = reservation.expires_at
+        left = (expires_at - datetime.now(UTC)).total_seconds() if expires_at is not None else 0.0
+        if left <= pause:
+            log.warning("%s failed, and its hold runs out before another try: %s", what, failure)
+            return
+        log.warning("%s failed (%s); trying again in %.1f s", what, failure, pause)
+        await asyncio.sleep(pause)
+        pause, retried = min(pause * 2, LONGEST_PAUSE), True
 
 
 # --- counting tokens -------------------------------------------------------------------------------

@@ -579,7 +579,7 @@ class RedisStore(Store[RedisPlan]):
         """`_call` for a coroutine: the same breaker, the same errors."""
         breaker = self.breaker
         if not breaker.allows():
-            raise StoreUnavailable(f"{self.name} is unreachable; waiting before trying again")
+            raise StoreUnavailable(f"{self.name} is unreachable; waiting before trying again", sent=False)
         try:
             result = await function(*args)
         except RedisError as error:
@@ -596,7 +596,7 @@ class RedisStore(Store[RedisPlan]):
         open, and for any driver error, which it counts."""
         breaker = self.breaker
         if not breaker.allows():
-            raise StoreUnavailable(f"{self.name} is unreachable; waiting before trying again")
+            raise StoreUnavailable(f"{self.name} is unreachable; waiting before trying again", sent=False)
         try:
             result = function(*args, **kwargs)
         except RedisError as error:

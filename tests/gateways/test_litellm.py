@@ -282,6 +282,29 @@ def test_four_proxy_workers_never_pass_a_teams_budget(redis_url):
         assert room_once(service, "shared", BUDGET - sum(used)) == BUDGET - sum(used)
 
 
+def test_a_commit_that_finds_redis_down_is_tried_again_until_it_lands(disposable_redis):
+    """Redis frozen while a slow call runs: the call is answered, its commit gets the API's
+    503 (and a warning in the proxy's log), and once Redis answers again a later try lands.
+    The team is charged the call's usage, not the estimate it held. (The store's timeout
+    is 0.5 s: a busy host must not fail the reservation itself.)"""
+    with (
+        Service(POLICY, redis_url=disposable_redis.url, extra_env={"LIMITER_STORE_TIMEOUT": "0.5"}) as service,
+        LiteLLM(service) as proxy,
+        ThreadPoolExecutor(max_workers=1) as pool,
+    ):
+        slow = pool.submit(proxy.chat, {"model": SLOW_MODEL, "messages": HELLO, "max_tokens": 150}, "frozen")
+        assert until(lambda: room(service, "frozen") < BUDGET)  # reserved: the call runs
+        disposable_redis.freeze()
+        try:
+            status, _, body = slow.result()
+            assert status == 200, body
+            assert until(lambda: "trying again" in proxy.read_log()), proxy.read_log()[-4000:]
+        finally:
+            disposable_redis.thaw()
+        used = body["usage"]["total_tokens"]
+        assert room_once(service, "frozen", BUDGET - used) == BUDGET - used
+
+
 def test_reservations_whose_hold_ran_out_are_forgotten_by_a_long_lived_proxy():
     """A call that LiteLLM ended through none of the hook's callbacks leaves its reservation
     in the hook's table; past FORGET_AFTER of them, those whose hold ran out are dropped.
