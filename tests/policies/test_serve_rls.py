@@ -78,6 +78,10 @@ def test_the_gateways_granian_pool_serves_grpc_from_every_worker_beside_rest(red
     ) as service:
         workers = service.worker_pids()
         assert len(workers) == 2
+        # The service answers once one worker does; the other may still be starting its server.
+        deadline = time.monotonic() + 30
+        while not all(_listens(pid, rls) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
         serving = [pid for pid in workers if _listens(pid, rls)]
         assert sorted(serving) == sorted(workers), "a worker does not serve gRPC"
         assert should_rate_limit(rls, service.token, hits=30).overall_code == Response.OK
