@@ -579,7 +579,7 @@ class RedisStore(Store[RedisPlan]):
         """`_call` for a coroutine: the same breaker, the same errors."""
         breaker = self.breaker
         if not breaker.allows():
-            raise StoreUnavailable(f"{self.name} is unreachable; waiting before trying again", sent=False)
+            raise self._refused()
         try:
             result = await function(*args)
         except RedisError as error:
@@ -591,12 +591,16 @@ class RedisStore(Store[RedisPlan]):
         breaker.succeeded()
         return result
 
+    def _refused(self) -> StoreUnavailable:
+        """What a call that the open breaker refuses raises: nothing was sent."""
+        return StoreUnavailable(f"{self.name} is unreachable; waiting before trying again", sent=False)
+
     def _call(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
         """`function` through this store's breaker: StoreUnavailable at once while it is
         open, and for any driver error, which it counts."""
         breaker = self.breaker
         if not breaker.allows():
-            raise StoreUnavailable(f"{self.name} is unreachable; waiting before trying again", sent=False)
+            raise self._refused()
         try:
             result = function(*args, **kwargs)
         except RedisError as error:

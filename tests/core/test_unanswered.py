@@ -9,6 +9,7 @@ from core.flusher import Flusher
 from core.stores.breaker import CircuitBreaker
 from core.stores.redis import RedisStore
 from core.unanswered import LATE_ANSWER, Unanswered
+from tests.polling import until
 
 from .helpers import token_bucket
 
@@ -28,13 +29,6 @@ def room(limiter):
 def waiting_on(limiter, clock):
     """An Unanswered that cancels on `limiter`, on `clock`, flushed by hand only."""
     return Unanswered(lambda rid: limiter.settle(rid, None), clock=clock, flush_every=None, flusher=Flusher())
-
-
-def until(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not (value := condition()) and time.monotonic() < deadline:
-        time.sleep(0.02)  # waiting for the flushing thread, not aiming at an edge
-    return value
 
 
 def test_a_reservation_redis_made_after_its_answer_timed_out_is_given_back(disposable_redis):

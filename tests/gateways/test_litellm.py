@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.gateways.llm_proxy import FAILING_MODEL, MASTER_KEY, SLOW_DELAY, SLOW_MODEL, VENV, LiteLLM
+from tests.polling import until
 from tests.serving import ROOT, Service, free_port
 
 pytestmark = pytest.mark.slow
@@ -97,14 +98,6 @@ def fail_mode_decisions(service) -> float:
     assert response.status == 200, text
     [count] = re.findall(r"^limiter_store_unavailable_total (\S+)$", text, re.M)
     return float(count)
-
-
-def until(condition, timeout=10.0):
-    """`condition()` once it holds (settlements run after the answer), or its last value."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return value
 
 
 def test_a_call_is_charged_its_real_usage_and_nothing_stays_reserved(service, proxy, team):
@@ -199,7 +192,11 @@ def test_a_concurrency_slot_a_call_took_comes_back_with_its_settlement(service, 
         status, _, body = proxy.chat({"messages": HELLO, "max_tokens": 10}, team="solo")
         assert status == 429, body
         assert body["error"]["provider_specific_fields"]["blocked_by"] == "team: concurrency(1, lease 60s) per request"
-        assert slow.result()[0] == 200
+        status, _, body = slow.result()
+        assert status == 200, body
+    # The slot comes back with the commit, which runs after the answer (off its path): the
+    # commit has landed once the room is the budget less the call's usage.
+    until(lambda: room(service, "solo") == BUDGET - body["usage"]["total_tokens"])
     for _ in range(3):
         status, _, body = proxy.chat({"messages": HELLO, "max_tokens": 10}, team="solo")
         assert status == 200, body

@@ -16,6 +16,7 @@ from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
 
 from tests.policies.conftest import POLICY
+from tests.polling import until
 from tests.serving import ROOT, Service, free_port
 
 # Served on a database of their own (tests/serving.py), or none: PostgreSQL's pass would
@@ -79,9 +80,7 @@ def test_the_gateways_granian_pool_serves_grpc_from_every_worker_beside_rest(red
         workers = service.worker_pids()
         assert len(workers) == 2
         # The service answers once one worker does; the other may still be starting its server.
-        deadline = time.monotonic() + 30
-        while not all(_listens(pid, rls) for pid in workers) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        until(lambda: all(_listens(pid, rls) for pid in workers), 30)
         serving = [pid for pid in workers if _listens(pid, rls)]
         assert sorted(serving) == sorted(workers), "a worker does not serve gRPC"
         assert should_rate_limit(rls, service.token, hits=30).overall_code == Response.OK
